@@ -1,0 +1,38 @@
+"""Wire types, codec, limits and observation text shared by producers and workers."""
+
+from __future__ import annotations
+
+from codepool.common.autoprint import compile_snippet
+from codepool.common.errors import (
+    CodepoolError,
+    ConfigError,
+    ExecutorError,
+    RedisUnavailable,
+    WireError,
+)
+from codepool.common.limits import Limits
+from codepool.common.observation import (
+    DEFAULT_MARKERS,
+    format_tool_content,
+    sanitize,
+    truncate_tail,
+)
+from codepool.common.result import STATUSES, ExecResult
+from codepool.common.stats import SandboxStats
+
+__all__ = [
+    "DEFAULT_MARKERS",
+    "STATUSES",
+    "CodepoolError",
+    "ConfigError",
+    "ExecResult",
+    "ExecutorError",
+    "Limits",
+    "RedisUnavailable",
+    "SandboxStats",
+    "WireError",
+    "compile_snippet",
+    "format_tool_content",
+    "sanitize",
+    "truncate_tail",
+]

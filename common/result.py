@@ -1,0 +1,62 @@
+"""ExecResult: the observation of one snippet, drop-in for the reference sandbox's."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+STATUSES = ("ok", "error", "timeout", "memory", "signal", "rejected", "infra")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """Outcome of running one snippet.
+
+    The first six fields keep the reference ``LocalPythonSandbox`` meaning and order:
+    ``ok`` is true exactly when the process exited 0 without timing out; ``returncode``
+    is ``None`` on timeout and ``-N`` when killed by signal N; ``latency`` is the wall
+    time in seconds seen by the caller. The rest are codepool's extras.
+    """
+
+    ok: bool
+    stdout: str
+    stderr: str
+    returncode: int | None
+    timed_out: bool
+    latency: float
+    status: str = "ok"
+    signal: int | None = None
+    truncated: bool = False
+    exec_s: float = 0.0
+    queue_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_kb: int = 0
+    worker: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExecResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def replace(self, **changes: Any) -> ExecResult:
+        return dataclasses.replace(self, **changes)
+
+
+def rejected(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
+    """A result for input that was refused before anything ran."""
+    return ExecResult(
+        ok=False, stdout="", stderr=message, returncode=None, timed_out=False,
+        latency=latency, status="rejected", worker=worker,
+    )
+
+
+def infra(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
+    """A result for a snippet codepool could not run (executor or queue fault)."""
+    return ExecResult(
+        ok=False, stdout="", stderr=message, returncode=None, timed_out=False,
+        latency=latency, status="infra", worker=worker,
+    )

@@ -1,0 +1,390 @@
+"""Side-by-side benchmark: the reference subprocess sandbox vs codepool's LocalExecutor.
+
+Every workload goes through every executor in one run, so the ratios in the table come from
+the same machine in the same minute. This is a report, not a test: it exits 0 whatever the
+numbers say, and non-zero only when an executor raised.
+
+    python ops/bench/executor.py [--concurrency 2] [--scale 1.0] [--modes reference,spawn,fork]
+    python -m codepool.ops.bench.executor
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import IO, Protocol, Self
+
+from codepool.common import ExecResult
+
+PRINT_CODE = "print(2 + 3)"
+NUMPY_CODE = (
+    "import numpy as np\n"
+    "a = np.arange(1000).reshape(10, 100)\n"
+    "print(int(a.sum()), float(np.linalg.norm(a[:3, :3])))"
+)
+SYMPY_CODE = "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 5*x + 6, x))"
+SPIN_CODE = "while True: pass"
+
+MODES = ("reference", "spawn", "fork")
+# (workload, minimum fork-vs-reference throughput ratio) checked in the targets section.
+THROUGHPUT_TARGETS = (("print", 3.0), ("numpy", 15.0), ("sympy", 5.0))
+LONE_FORK_P50_TARGET_MS = 5.0
+
+
+class Runner(Protocol):
+    """What the bench needs from an executor; codepool's LocalExecutor satisfies it as is."""
+
+    def run(self, code: str, *, timeout_s: float) -> ExecResult: ...
+
+    def run_many(self, codes: Sequence[str], *, timeout_s: float) -> list[ExecResult]: ...
+
+
+class ReferenceExecutor:
+    """The pre-codepool LocalPythonSandbox approach, kept here as the yardstick.
+
+    One fresh ``python -B -c`` per snippet, outputs through temp files, a semaphore of 8
+    in front and a 64-thread pool behind it, so the semaphore is the only limit.
+    """
+
+    def __init__(
+        self, *, max_parallel: int = 8, pool_threads: int = 64, max_output_chars: int = 4096
+    ) -> None:
+        self._slots = threading.Semaphore(max_parallel)
+        self._pool = ThreadPoolExecutor(max_workers=pool_threads, thread_name_prefix="ref")
+        self._max_output_chars = max_output_chars
+        # Same single-threaded BLAS as codepool's children, so numpy timings compare fairly.
+        self._env = {
+            **os.environ,
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        # A private cwd keeps the snippet's `import x` from picking up whatever sits in ours.
+        self._workdir = tempfile.TemporaryDirectory(prefix="codepool-bench-ref-")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # Join the threads before codepool starts: a zygote should not be forked from a
+        # process that still has 64 idle threads around.
+        self._pool.shutdown(wait=True)
+        self._workdir.cleanup()
+
+    def run(self, code: str, *, timeout_s: float) -> ExecResult:
+        """Run one snippet; ``latency`` includes the wait for a semaphore slot, as callers saw it."""
+        started = time.perf_counter()
+        with self._slots:
+            result = self._execute(code, timeout_s)
+        return result.replace(latency=time.perf_counter() - started)
+
+    def run_many(self, codes: Sequence[str], *, timeout_s: float) -> list[ExecResult]:
+        futures = [self._pool.submit(self.run, code, timeout_s=timeout_s) for code in codes]
+        return [future.result() for future in futures]
+
+    def _execute(self, code: str, timeout_s: float) -> ExecResult:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            # No preexec_fn: this runs on pool threads, and Python code between fork and exec
+            # in a threaded process can deadlock. So the CPU limit is set from outside with
+            # prlimit right after the spawn (a fast snippet may finish first; that is fine).
+            proc = subprocess.Popen(
+                [sys.executable, "-B", "-c", code],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=self._workdir.name,
+                env=self._env,
+                start_new_session=True,
+            )
+            _limit_cpu(proc.pid, math.ceil(timeout_s) + 5)
+            try:
+                # Faithful to subprocess.run(timeout=): on 3.11 this polls with doubling
+                # sleeps, so a ~35 ms child is noticed at ~64 ms. Part of what was replaced.
+                returncode: int | None = proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                # start_new_session made the child a group leader: kill what it started too.
+                _kill_group(proc.pid)
+                proc.wait()
+                returncode, timed_out = None, True
+            stdout = _read_tail(out, self._max_output_chars)
+            stderr = _read_tail(err, self._max_output_chars)
+        return ExecResult(
+            ok=returncode == 0 and not timed_out,
+            stdout=stdout,
+            stderr=stderr,
+            returncode=returncode,
+            timed_out=timed_out,
+            latency=0.0,  # set by run(), which also sees the semaphore wait
+            status=_status(returncode, timed_out),
+        )
+
+
+def _limit_cpu(pid: int, cpu_s: int) -> None:
+    try:
+        resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    except (ProcessLookupError, PermissionError):
+        pass  # already exited; the wall timer covers the rest
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _read_tail(file: IO[bytes], max_chars: int) -> str:
+    file.seek(0)
+    text = file.read().decode("utf-8", errors="replace")
+    if len(text) <= max_chars:
+        return text
+    cut = len(text) - max_chars
+    return f"[... truncated {cut} chars ...]\n" + text[cut:]
+
+
+def _status(returncode: int | None, timed_out: bool) -> str:
+    if timed_out:
+        return "timeout"
+    if returncode == 0:
+        return "ok"
+    return "signal" if returncode is not None and returncode < 0 else "error"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    codes: tuple[str, ...]
+    expected: tuple[str, ...]  # the status each snippet must come back with
+    timeout_s: float
+    sequential: bool = False  # one `run` at a time instead of one `run_many`
+
+
+@dataclass(frozen=True)
+class Measurement:
+    n: int
+    wall_s: float
+    p50_ms: float
+    p95_ms: float
+    bad: int
+    sequential: bool
+
+    @property
+    def throughput(self) -> float:
+        return self.n / self.wall_s if self.wall_s > 0 else math.inf
+
+
+def build_workloads(scale: float) -> list[Workload]:
+    def count(base: int) -> int:
+        return max(1, round(base * scale))
+
+    def same(name: str, code: str, n: int, *, sequential: bool = False) -> Workload:
+        return Workload(name, (code,) * n, ("ok",) * n, 5.0, sequential)
+
+    n_mix = count(100)
+    spin_every = 20  # 5 %: one spinner per 20 snippets, spread out rather than bunched
+    mix = tuple(
+        SPIN_CODE if i % spin_every == spin_every // 2 else PRINT_CODE for i in range(n_mix)
+    )
+    return [
+        same("print", PRINT_CODE, count(200)),
+        same("numpy", NUMPY_CODE, count(60)),
+        same("sympy", SYMPY_CODE, count(30)),
+        Workload(
+            "mix-5%-timeout",
+            mix,
+            tuple("timeout" if code == SPIN_CODE else "ok" for code in mix),
+            1.0,
+        ),
+        same("lone", PRINT_CODE, count(50), sequential=True),
+    ]
+
+
+def measure(runner: Runner, workload: Workload, label: str) -> Measurement:
+    started = time.perf_counter()
+    if workload.sequential:
+        results = [runner.run(code, timeout_s=workload.timeout_s) for code in workload.codes]
+    else:
+        results = runner.run_many(list(workload.codes), timeout_s=workload.timeout_s)
+    wall_s = time.perf_counter() - started
+    if len(results) != len(workload.codes):
+        raise RuntimeError(f"{label}: {len(results)} results for {len(workload.codes)} snippets")
+    mismatched = [
+        (i, r) for i, (r, want) in enumerate(zip(results, workload.expected)) if r.status != want
+    ]
+    if mismatched:
+        # One sample is enough to tell a broken executor from a slow one.
+        i, r = mismatched[0]
+        print(
+            f"  {label} {workload.name}: {len(mismatched)} unexpected, e.g. #{i} "
+            f"status={r.status} rc={r.returncode} stderr={r.stderr[-200:]!r}",
+            file=sys.stderr,
+        )
+    latencies = sorted(r.latency for r in results)
+    return Measurement(
+        n=len(results),
+        wall_s=wall_s,
+        p50_ms=_percentile(latencies, 0.50) * 1000,
+        p95_ms=_percentile(latencies, 0.95) * 1000,
+        bad=len(mismatched),
+        sequential=workload.sequential,
+    )
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    # Nearest rank: no interpolation, so p95 of 30 samples is an observed latency.
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def open_executor(mode: str, concurrency: int) -> AbstractContextManager[Runner]:
+    if mode == "reference":
+        return ReferenceExecutor()
+    # Imported late so `--modes reference` runs before (or without) a working worker package.
+    from codepool.worker import LocalExecutor
+
+    if mode == "spawn":
+        return LocalExecutor(concurrency=concurrency, mode="spawn")
+    return LocalExecutor(concurrency=concurrency, mode="fork", preload=("numpy", "sympy"))
+
+
+def warm_up(runner: Runner) -> None:
+    # First calls pay for page cache, zygote preloads and lazy imports; none of that is
+    # what the table is about.
+    runner.run_many([PRINT_CODE, NUMPY_CODE, SYMPY_CODE] * 5, timeout_s=5.0)
+    runner.run(PRINT_CODE, timeout_s=5.0)
+
+
+def ratio_vs_reference(m: Measurement, ref: Measurement | None) -> float | None:
+    if ref is None:
+        return None
+    if m.sequential:
+        # A lone call is about latency, so "faster" means a smaller p50.
+        return ref.p50_ms / m.p50_ms if m.p50_ms > 0 else math.inf
+    return m.throughput / ref.throughput
+
+
+Results = dict[tuple[str, str], Measurement]
+
+
+def print_table(workloads: Sequence[Workload], modes: Sequence[str], results: Results) -> None:
+    header = (
+        f"{'workload':<16}{'executor':<11}{'n':>5}{'wall s':>9}{'snip/s':>9}"
+        f"{'p50 ms':>9}{'p95 ms':>9}{'bad':>5}{'x ref':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for workload in workloads:
+        for mode in modes:
+            m = results.get((workload.name, mode))
+            if m is None:
+                print(f"{workload.name:<16}{mode:<11}{'(no result: executor failed)':>54}")
+                continue
+            ratio = ratio_vs_reference(m, results.get((workload.name, "reference")))
+            ratio_text = "-" if ratio is None else f"{ratio:.2f}x"
+            print(
+                f"{workload.name:<16}{mode:<11}{m.n:>5}{m.wall_s:>9.2f}{m.throughput:>9.1f}"
+                f"{m.p50_ms:>9.1f}{m.p95_ms:>9.1f}{m.bad:>5}{ratio_text:>8}"
+            )
+    print(
+        "x ref: throughput ratio vs reference; for 'lone', reference p50 / executor p50. "
+        "p50/p95 from ExecResult.latency (reference: per-call wall time incl. semaphore wait)."
+    )
+
+
+def print_targets(results: Results) -> None:
+    print("\ntargets")
+    for name, need in THROUGHPUT_TARGETS:
+        fork, ref = results.get((name, "fork")), results.get((name, "reference"))
+        label = f"fork >= {need:g}x ref on {name}"
+        if fork is None or ref is None:
+            print(f"  SKIP  {label} (needs fork and reference)")
+            continue
+        ratio = fork.throughput / ref.throughput
+        print(f"  {'PASS' if ratio >= need else 'FAIL'}  {label}: {ratio:.2f}x")
+    lone = results.get(("lone", "fork"))
+    label = f"lone fork p50 <= {LONE_FORK_P50_TARGET_MS:g} ms"
+    if lone is None:
+        print(f"  SKIP  {label} (needs fork)")
+    else:
+        verdict = "PASS" if lone.p50_ms <= LONE_FORK_P50_TARGET_MS else "FAIL"
+        print(f"  {verdict}  {label}: {lone.p50_ms:.2f} ms")
+
+
+def interpreter_startup_ms(samples: int = 5) -> float:
+    """Median wall time of a bare ``python -B -c pass``: the floor under every reference call."""
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-B", "-c", "pass"], check=True)
+        times.append(time.perf_counter() - started)
+    return sorted(times)[samples // 2] * 1000
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--concurrency", type=int, default=2, help="codepool slots (default 2)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiplier on snippet counts (default 1.0)"
+    )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated subset of %(default)s"
+    )
+    args = parser.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(args.modes) - set(MODES))
+    if unknown or not args.modes:
+        parser.error(f"--modes must be a non-empty subset of {','.join(MODES)}; got {unknown}")
+    if args.concurrency < 1 or args.scale <= 0:
+        parser.error("--concurrency must be >= 1 and --scale > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    workloads = build_workloads(args.scale)
+    print(
+        f"codepool executor bench: python {platform.python_version()}, {os.cpu_count()} cpus, "
+        f"codepool concurrency={args.concurrency}, reference=Semaphore(8)+64 threads, "
+        f"scale={args.scale:g}"
+    )
+    # Printed because it moves the reference's numbers (e.g. an editable install's import
+    # hook runs at every interpreter start) and a reader comparing runs should see it.
+    print(f"interpreter startup ({sys.executable}): {interpreter_startup_ms():.1f} ms")
+    results: Results = {}
+    crashed: list[str] = []
+    for mode in args.modes:
+        print(f"[{mode}] starting", file=sys.stderr, flush=True)
+        try:
+            with open_executor(mode, args.concurrency) as runner:
+                warm_up(runner)
+                for workload in workloads:
+                    results[(workload.name, mode)] = measure(runner, workload, mode)
+                    print(f"[{mode}] {workload.name} done", file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - the bench's only boundary; reported, exit 1
+            # Keep going: the other executors' rows are still worth printing.
+            traceback.print_exc()
+            crashed.append(mode)
+    print()
+    print_table(workloads, args.modes, results)
+    print_targets(results)
+    if crashed:
+        print(f"\nexecutor(s) crashed: {', '.join(crashed)}")
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""What a forked child does between clone() and the user's first line.
+
+The zygote clones a child ahead of demand (a "warm" child): it enters its private
+tmpfs and /proc, arranges fds 0-3 and closes the rest, then blocks reading its request
+on fd 3. On a request it applies the limits, drops to its own uid, sets the
+environment, says "R" (ready: anything after this is the user's doing) and runs the
+snippet — in this process (fork mode) or by exec'ing a fresh interpreter (spawn mode).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import NoReturn
+
+from codepool.common import codec
+from codepool.common.limits import Limits
+from codepool.worker import isolation, linux, runner
+from codepool.worker.protocol import FrameReader
+
+REQUEST_FD = 3
+READY = b"R"
+SETUP_FAILED_EXIT = 126
+MAX_OPEN_FILES = 256
+
+
+@dataclass(frozen=True)
+class ChildPlan:
+    """Everything a child needs that the zygote decided before cloning it."""
+
+    state: isolation.IsolationState
+    mode: str
+    uid: int | None
+    disk_mb: int
+    env: dict[str, str]
+    vm_baseline_bytes: int
+    fallback_dir: str | None
+
+
+def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> NoReturn:
+    """Entry point in the cloned child; never returns."""
+    try:
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
+        _arrange_fds(request_fd, out_fd, err_fd)
+        request = _read_request()
+        if request is None:  # the zygote went away or discarded this warm child
+            os._exit(0)
+        code, limits = request
+        _apply_limits(limits, plan.vm_baseline_bytes, separate_uid=plan.uid is not None)
+        if plan.uid is not None:
+            _drop_privileges(plan.uid)
+        _reseed()
+        os.environ.clear()
+        os.environ.update(plan.env)
+        os.chdir(cwd)
+        os.write(REQUEST_FD, READY)
+        if plan.mode == "spawn":
+            _exec_interpreter(code, limits.auto_print, plan.env)
+        os.close(REQUEST_FD)
+    except BaseException:
+        try:
+            os.write(2, traceback.format_exc().encode("utf-8", "replace"))
+        finally:
+            os._exit(SETUP_FAILED_EXIT)
+    runner.run_snippet(code, auto_print=limits.auto_print)
+
+
+def _arrange_fds(request_fd: int, out_fd: int, err_fd: int) -> None:
+    # Move our fds out of the way first so the dup2s below cannot clobber each other.
+    high = [os.dup(fd) for fd in (request_fd, out_fd, err_fd)]
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(high[1], 1)
+    os.dup2(high[2], 2)
+    os.dup2(high[0], REQUEST_FD)
+    # Nothing of the zygote's (client sockets, other children's files) stays reachable.
+    os.closerange(REQUEST_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
+
+def _read_request() -> tuple[bytes, Limits] | None:
+    reader = FrameReader()
+    while True:
+        data = os.read(REQUEST_FD, 1 << 20)
+        if not data:
+            return None
+        messages = reader.feed(data)
+        if messages:
+            message = messages[0]
+            return message["code"], codec.decode_limits(message["limits"])
+
+
+def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, separate_uid: bool) -> None:
+    cpu_s = math.ceil(limits.effective_cpu_s)
+    address_space = vm_baseline_bytes + (limits.memory_mb << 20)
+    file_bytes = limits.max_file_mb << 20
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if separate_uid:
+        # Counted per uid, and each running snippet has a uid of its own.
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
+
+
+def _drop_privileges(uid: int) -> None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    # The uid change cleared these; dumpable keeps /proc/self readable by the snippet.
+    linux.prctl(linux.PR_SET_DUMPABLE, 1)
+    linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _reseed() -> None:
+    # `random` reseeds itself in Python's after-fork hook; numpy does not.
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _exec_interpreter(code: bytes, auto_print: bool, env: dict[str, str]) -> NoReturn:
+    source_fd = os.memfd_create("codepool-source", 0)
+    os.write(source_fd, code)
+    os.lseek(source_fd, 0, os.SEEK_SET)
+    os.dup2(source_fd, runner.CODE_FD)
+    os.close(source_fd)
+    argv = [sys.executable, "-I", "-B", "-m", "codepool.worker.runner"]
+    if auto_print:
+        argv.append("--auto-print")
+    os.execve(sys.executable, argv, env)

@@ -1,0 +1,134 @@
+"""Thin ctypes wrappers for the Linux calls Python 3.11's ``os`` lacks.
+
+unshare(2), mount(2), umount2(2), prctl(2) and a ``clone(2)`` that makes the child
+the first process of new namespaces in one step (os.fork cannot pass clone flags).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+MS_RELATIME = 0x200000
+MNT_DETACH = 0x2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+
+SIGCHLD = 17
+
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120, "riscv64": 220}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+# A PyDLL call keeps the GIL, exactly like os.fork does around fork(2).
+_libc_gil = ctypes.PyDLL(None, use_errno=True)
+_libc_gil.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                        ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                        ctypes.c_ulong]
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _b(value: str | None) -> bytes | None:
+    return None if value is None else os.fsencode(value)
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
+          data: str | None = None) -> None:
+    _check(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)),
+           f"mount {target}")
+
+
+def umount(target: str, flags: int = 0) -> None:
+    _check(_libc.umount2(_b(target), flags), f"umount {target}")
+
+
+def prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl {option}")
+
+
+def clone_supported() -> bool:
+    return platform.machine() in _SYS_CLONE
+
+
+def fork_with_flags(flags: int) -> int:
+    """fork(2) with extra clone flags; returns 0 in the child, like os.fork.
+
+    Runs Python's own before/after-fork hooks, so the child is as sound as after
+    os.fork. Only safe in a single-threaded process (the zygote).
+    """
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = _libc_gil.syscall(_SYS_CLONE[platform.machine()], ctypes.c_ulong(flags | SIGCHLD),
+                            None, None, None, None)
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, f"clone: {os.strerror(err)}")
+    return int(pid)
+
+
+MADV_HUGEPAGE = 14
+MADV_COLLAPSE = 25
+_HUGE_PAGE = 2 << 20
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def collapse_anonymous_memory() -> tuple[int, int]:
+    """Back this process's anonymous memory with 2 MiB pages where the kernel can.
+
+    fork() copies, and exit() frees, one page-table entry per 4 KiB page; with huge
+    pages both touch 512 times fewer entries. Returns (MiB collapsed, MiB refused).
+    """
+    collapsed = refused = 0
+    with open("/proc/self/maps") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        parts = line.split()
+        if not parts[1].startswith("rw") or (len(parts) > 5 and parts[5] != "[heap]"):
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        start = (start + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
+        end &= ~(_HUGE_PAGE - 1)
+        if end <= start:
+            continue
+        _libc.madvise(start, end - start, MADV_HUGEPAGE)
+        if _libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
+            collapsed += (end - start) >> 20
+        else:
+            refused += (end - start) >> 20
+    return collapsed, refused

@@ -1,0 +1,61 @@
+"""Framing between the executor and its zygote: a 4-byte length, then msgpack.
+
+Messages (maps, key ``t`` is the type):
+  zygote -> client  ``hello``  {pid, report, mode, concurrency}
+  client -> zygote  ``run``    {id, code: bytes, limits: map}
+  zygote -> client  ``result`` {id, r: ExecResult fields}
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+from codepool.common import codec
+
+_HEADER = struct.Struct("!I")
+MAX_FRAME_BYTES = 64 << 20
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    body = codec.dumps(message)
+    return _HEADER.pack(len(body)) + body
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(encode_frame(message))
+
+
+class FrameReader:
+    """Accumulates bytes from a stream and yields whole decoded messages."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buffer)
+            if length > MAX_FRAME_BYTES:
+                raise ValueError(f"frame of {length} bytes exceeds the limit")
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            messages.append(codec.loads(bytes(self._buffer[_HEADER.size:end])))
+            del self._buffer[:end]
+        return messages
+
+
+def recv_one(sock: socket.socket, reader: FrameReader) -> dict[str, Any] | None:
+    """Block until one message arrives; None on EOF."""
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            return None
+        messages = reader.feed(data)
+        if messages:
+            if len(messages) > 1:
+                raise ValueError("recv_one got more than one message")
+            return messages[0]

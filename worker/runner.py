@@ -1,0 +1,119 @@
+"""Run one snippet as ``python -c`` would, inside an already isolated child.
+
+Fork mode calls :func:`run_snippet` in the forked child; spawn mode runs this module
+in a fresh interpreter (``python -I -B -m codepool.worker.runner``) with the source on
+fd 3. Either way the process exits with the snippet's exit code, tracebacks show only
+``<sandbox>`` frames, and stdout/stderr are fds 1 and 2.
+"""
+
+from __future__ import annotations
+
+import atexit
+import linecache
+import os
+import sys
+import types
+from typing import NoReturn
+
+from codepool.common.autoprint import FILENAME, compile_snippet
+
+CODE_FD = 3
+
+
+def _fresh_streams() -> None:
+    # New objects over fds 0-2: nothing buffered in the zygote can leak into a snippet.
+    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)
+    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="backslashreplace",
+                                       closefd=False)
+    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",
+                                       closefd=False, buffering=1)
+
+
+def _print_exception(exc: BaseException) -> None:
+    import traceback
+
+    tb = exc.__traceback__
+    # Drop the harness frames above the user's first frame, as `python -c` would show.
+    while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # the snippet may have closed or replaced its streams
+            pass
+
+
+def _finish_threads_and_atexit() -> None:
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+
+
+def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
+    """Execute ``source`` as ``__main__`` and exit the process with its exit code."""
+    _fresh_streams()
+    atexit._clear()
+    sys.argv = ["-c"]
+    if not sys.path or sys.path[0] != "":
+        sys.path.insert(0, "")  # like `python -c`: the snippet may import from its cwd
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    linecache.cache[FILENAME] = (len(source), None,
+                                 source.decode("utf-8", "replace").splitlines(True), FILENAME)
+    code = 0
+    try:
+        try:
+            body, tail = compile_snippet(source, auto_print=auto_print)
+        except (SyntaxError, ValueError) as exc:
+            if isinstance(exc, ValueError):  # NUL bytes on some Python versions
+                exc = SyntaxError(str(exc))
+            raise exc from None
+        exec(body, main.__dict__)
+        if tail is not None:
+            value = eval(tail, main.__dict__)
+            if value is not None:
+                print(repr(value))
+        _finish_threads_and_atexit()
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:
+        _print_exception(exc)
+        code = 1
+    _flush()
+    os._exit(code)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def main() -> NoReturn:
+    """Spawn-mode entry: source on fd 3, ``--auto-print`` on the command line."""
+    source = _read_all(CODE_FD)
+    run_snippet(source, auto_print="--auto-print" in sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
