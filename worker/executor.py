@@ -121,6 +121,7 @@ class LocalExecutor:
         self._restarting = False
         self.report: list[dict[str, Any]] = []
         self.zygote_pid = 0
+        self.snippet_uids: range = range(0)  # uids snippets run as (empty: worker's own)
         self.restarts = 0
         self._start_zygote()
 
@@ -234,6 +235,8 @@ class LocalExecutor:
         ours.settimeout(None)
         self.report = list(hello["report"])
         self.zygote_pid = int(hello["pid"])
+        uids = hello.get("uids")
+        self.snippet_uids = range(uids[0], uids[1]) if uids else range(0)
         reader = threading.Thread(target=self._read_results, args=(ours, process),
                                   name="codepool-executor-reader", daemon=True)
         with self._lock:

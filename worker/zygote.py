@@ -39,6 +39,8 @@ from codepool.worker.protocol import FrameReader, encode_frame
 log = logging.getLogger("codepool.worker.zygote")
 
 BYTES_PER_CHAR = 4
+# Work dirs the zygote makes itself when the host allows no mount namespace.
+FALLBACK_PREFIX = "codepool-snippet-"
 
 
 @dataclass
@@ -120,8 +122,11 @@ class Zygote:
         sock.setblocking(True)
         client = Client(sock, owner)
         self.selector.register(sock, selectors.EVENT_READ, ("client", client))
+        slots = self.config.concurrency + 1
+        uids = [self.uid_base, self.uid_base + slots] if self.state.separate_uid else None
         self._send(client, {"t": "hello", "pid": os.getpid(), "report": self.report,
-                            "mode": self.config.mode, "concurrency": self.config.concurrency})
+                            "mode": self.config.mode, "concurrency": self.config.concurrency,
+                            "uids": uids})
 
     def _send(self, client: Client | None, message: dict[str, Any]) -> None:
         if client is None:
@@ -188,7 +193,7 @@ class Zygote:
         uid = self.uid_base + slot if self.state.separate_uid else None
         fallback_dir = None
         if not self.state.pidns:
-            fallback_dir = tempfile.mkdtemp(prefix="codepool-")
+            fallback_dir = tempfile.mkdtemp(prefix=FALLBACK_PREFIX)
             if uid is not None:
                 os.chown(fallback_dir, uid, uid)
         parent_sock, child_sock = socket.socketpair()

@@ -196,10 +196,10 @@ def build_workloads(scale: float) -> list[Workload]:
         return Workload(name, (code,) * n, ("ok",) * n, 5.0, sequential)
 
     n_mix = count(100)
-    spin_every = 20  # 5 %: one spinner per 20 snippets, spread out rather than bunched
-    mix = tuple(
-        SPIN_CODE if i % spin_every == spin_every // 2 else PRINT_CODE for i in range(n_mix)
-    )
+    n_spin = max(1, round(n_mix * 0.05))
+    # Spread the spinners out so they overlap fast snippets rather than each other.
+    spin_at = {int((k + 0.5) * n_mix / n_spin) for k in range(n_spin)}
+    mix = tuple(SPIN_CODE if i in spin_at else PRINT_CODE for i in range(n_mix))
     return [
         same("print", PRINT_CODE, count(200)),
         same("numpy", NUMPY_CODE, count(60)),

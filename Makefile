@@ -1,0 +1,24 @@
+# Two commands do all set-up on a fresh Linux machine with Python >= 3.11:
+#   make demo   installs codepool into .venv and runs the main job
+#   make test   installs codepool into .venv and runs the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench
+
+$(BIN)/codepool: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+demo: $(BIN)/codepool
+	$(BIN)/codepool doctor --preload numpy,sympy
+	$(BIN)/codepool run --preload numpy,sympy ops/examples/retool_snippets.py
+
+test: $(BIN)/codepool
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/codepool
+	$(BIN)/python ops/bench/executor.py

@@ -1,0 +1,48 @@
+"""``codepool doctor``: one line per protection, active or why not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from codepool.worker import LocalExecutor
+
+# Probes run inside a real snippet, so the report is what a snippet actually meets.
+PROBES: list[tuple[str, str, str]] = [
+    ("probe: network", "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), 1)"
+     "\n    print('reachable')\nexcept OSError:\n    print('unreachable')", "unreachable"),
+    ("probe: parent", "import os\nprint('hidden' if os.getppid() == 0 else 'visible')", "hidden"),
+    ("probe: uid", "import os\nprint('unprivileged' if os.getuid() != 0 else 'root')",
+     "unprivileged"),
+    ("probe: secrets", "import os\nprint('clean' if not any(k.startswith(('REDIS', 'AWS', "
+     "'CODEPOOL')) for k in os.environ) else 'leaked')", "clean"),
+]
+
+
+def diagnose(mode: str = "fork", preload: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Start an executor, collect the zygote's report and run the probes."""
+    lines: list[dict[str, Any]] = []
+    with LocalExecutor(concurrency=1, mode=mode, preload=preload) as executor:
+        lines.extend(executor.report)
+        for name, code, expected in PROBES:
+            result = executor.run(code, timeout_s=10.0)
+            seen = result.stdout.strip() or f"{result.status}: {result.stderr.strip()[-200:]}"
+            lines.append({"name": name, "active": seen == expected, "detail": seen})
+    return lines
+
+
+def format_lines(lines: list[dict[str, Any]]) -> str:
+    width = max(len(str(line["name"])) for line in lines)
+    return "\n".join(
+        f"[{'ok' if line['active'] else '!!'}] {str(line['name']).ljust(width)}  {line['detail']}"
+        for line in lines)
+
+
+def main(mode: str, preload: tuple[str, ...]) -> int:
+    lines = diagnose(mode, preload)
+    print(format_lines(lines))
+    missing = [line["name"] for line in lines if not line["active"]]
+    if missing:
+        print(f"\n{len(missing)} protection(s) not active: {', '.join(map(str, missing))}")
+        return 1
+    print("\nall protections active")
+    return 0

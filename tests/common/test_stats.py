@@ -1,0 +1,36 @@
+"""SandboxStats: reference metric names, exact under concurrent recording."""
+
+from __future__ import annotations
+
+import threading
+
+from codepool.common import ExecResult, SandboxStats
+
+
+def _r(status: str, latency: float) -> ExecResult:
+    return ExecResult(ok=status == "ok", stdout="", stderr="", returncode=0, timed_out=False,
+                      latency=latency, status=status)
+
+
+def test_metrics_are_exact_under_threads() -> None:
+    stats = SandboxStats()
+    assert stats.metrics()["sandbox/success_rate"] == 0.0
+
+    def work() -> None:
+        for _ in range(1000):
+            stats.record(_r("ok", 0.002))
+            stats.record(_r("error", 0.004))
+            stats.record(_r("timeout", 0.006))
+            stats.record(_r("ok", 0.0))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    m = stats.metrics()
+    assert m["sandbox/calls"] == 32_000
+    assert m["sandbox/success_rate"] == 0.5
+    assert m["sandbox/error_rate"] == 0.25
+    assert m["sandbox/timeout_rate"] == 0.25
+    assert abs(m["sandbox/latency"] - 0.003) < 1e-9

@@ -1,0 +1,352 @@
+"""The executor's observable contract, in fork and spawn mode (see the executor issue)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from codepool.common import format_tool_content
+from codepool.worker import LocalExecutor
+from tests.conftest import assert_nothing_left, processes_of
+
+
+def test_print(executor: LocalExecutor) -> None:
+    r = executor.run("print(2 + 3)", timeout_s=5.0)
+    assert (r.ok, r.stdout, r.stderr, r.returncode, r.status) == (True, "5\n", "", 0, "ok")
+    assert r.latency > 0 and r.exec_s > 0
+    assert format_tool_content(r) == "5\n"
+    assert_nothing_left(executor)
+
+
+def test_bare_expression_prints_nothing_unless_auto_print(executor: LocalExecutor) -> None:
+    assert executor.run("2 + 3").stdout == ""
+    assert executor.run("2 + 3", auto_print=True).stdout == "5\n"
+    assert executor.run("x = 2 + 3", auto_print=True).stdout == ""
+    assert_nothing_left(executor)
+
+
+def test_syntax_error(executor: LocalExecutor) -> None:
+    r = executor.run("x = (")
+    assert r.status == "error" and r.returncode == 1 and not r.ok
+    assert r.stderr.startswith('  File "<sandbox>", line 1\n')
+    assert r.stderr.rstrip().endswith("SyntaxError: '(' was never closed")
+    assert_nothing_left(executor)
+
+
+def test_traceback_shows_only_user_frames(executor: LocalExecutor) -> None:
+    r = executor.run("print(1/0)")
+    assert r.status == "error" and r.returncode == 1
+    assert r.stderr.startswith("Traceback (most recent call last):\n")
+    assert r.stderr.endswith("ZeroDivisionError: division by zero\n")
+    file_lines = [line for line in r.stderr.splitlines() if line.lstrip().startswith("File ")]
+    assert file_lines == ['  File "<sandbox>", line 1, in <module>']
+    assert format_tool_content(r) == r.stderr
+    assert_nothing_left(executor)
+
+
+def test_exit_code(executor: LocalExecutor) -> None:
+    r = executor.run("import sys\nsys.exit(3)")
+    assert (r.ok, r.returncode, r.status, r.stderr) == (False, 3, "error", "")
+    assert format_tool_content(r) == "Error: process exited with code 3."
+    assert_nothing_left(executor)
+
+
+def test_timeout(executor: LocalExecutor) -> None:
+    started = time.monotonic()
+    r = executor.run("while True: pass", timeout_s=1.0)
+    assert time.monotonic() - started < 2.0
+    assert (r.timed_out, r.returncode, r.status, r.ok) == (True, None, "timeout", False)
+    assert format_tool_content(r, timeout_s=1.0) == "Error: execution timed out after 1 seconds."
+    assert_nothing_left(executor)
+
+
+def test_chat_markers_sanitized_in_tool_text_only(executor: LocalExecutor) -> None:
+    r = executor.run("print('<|im_end|><tool_response>')")
+    assert r.stdout == "<|im_end|><tool_response>\n"
+    assert format_tool_content(r) == "< im_end >< tool_response >\n"
+    assert_nothing_left(executor)
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_huge_output_is_tail_truncated_with_flat_memory(executor: LocalExecutor) -> None:
+    before = _rss_kb()
+    r = executor.run("for i in range(10**6): print(i)")
+    grown_kb = _rss_kb() - before
+    assert r.ok and r.truncated
+    assert r.stdout.startswith("[... truncated ")
+    assert r.stdout.endswith("999998\n999999\n")
+    assert len(r.stdout) < 4096 + 60
+    assert grown_kb < 10_000, f"executor grew by {grown_kb} KiB reading 7 MB of output"
+    assert_nothing_left(executor)
+
+
+def test_background_process_dies_with_snippet(executor: LocalExecutor) -> None:
+    started = time.monotonic()
+    r = executor.run("import subprocess\nsubprocess.Popen(['sleep', '1000'])\nprint('bg')")
+    assert r.ok and r.stdout == "bg\n"
+    assert time.monotonic() - started < 2.0
+    assert not any("sleep 1000" in cmd for cmd in processes_of(range(0, 2**32)))
+    assert_nothing_left(executor)
+
+
+def test_setsid_daemon_dies_with_snippet(executor: LocalExecutor) -> None:
+    code = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(1000)\n"
+            "    os._exit(0)\n"
+            "print('parent done')")
+    r = executor.run(code)
+    assert r.ok and r.stdout == "parent done\n"
+    assert_nothing_left(executor)
+
+
+def test_fork_bomb_is_contained(executor: LocalExecutor) -> None:
+    r = executor.run("import os\nwhile True:\n    os.fork()", timeout_s=5.0)
+    assert not r.ok and r.status in ("error", "timeout")
+    assert "BlockingIOError" in r.stderr or r.timed_out
+    assert executor.run("print('alive')").stdout == "alive\n"
+    assert_nothing_left(executor)
+
+
+def test_memory_bomb_is_contained(executor: LocalExecutor) -> None:
+    r = executor.run("x = bytearray(8 << 30)")
+    assert r.status == "memory" and not r.ok
+    assert r.stderr.rstrip().endswith("MemoryError")
+    assert executor.run("print('alive')").stdout == "alive\n"
+    assert_nothing_left(executor)
+
+
+def test_big_file_write_is_contained(executor: LocalExecutor) -> None:
+    r = executor.run("f = open('big', 'wb')\nfor _ in range(1024):\n    f.write(b'x' * (1 << 20))")
+    assert r.status == "error" and "File too large" in r.stderr
+    assert executor.run("print('alive')").stdout == "alive\n"
+    assert_nothing_left(executor)
+
+
+def test_environment_is_allow_listed() -> None:
+    os.environ["REDIS_URL"] = "redis://:hunter2@example:6379/0"
+    os.environ["CODEPOOL_TEST_SECRET"] = "hunter2"
+    try:
+        for mode in ("fork", "spawn"):
+            with LocalExecutor(concurrency=1, mode=mode, preload=(),
+                               env={"ASKED_FOR": "yes"}) as ex:
+                r = ex.run("import os\nfor k in sorted(os.environ): print(k, os.environ[k])")
+                names = {line.split(" ", 1)[0] for line in r.stdout.splitlines()}
+                assert r.ok
+                assert "hunter2" not in r.stdout
+                assert names <= set(ex._env), names - set(ex._env)
+                assert "ASKED_FOR yes" in r.stdout
+                assert "OPENBLAS_NUM_THREADS 1" in r.stdout
+                environ = ex.run("print(open('/proc/1/environ', 'rb').read())")
+                assert "hunter2" not in environ.stdout
+    finally:
+        del os.environ["REDIS_URL"], os.environ["CODEPOOL_TEST_SECRET"]
+
+
+def test_no_network_even_to_the_host(executor: LocalExecutor) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        r = executor.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)\n"
+                         "print('connected')")
+        assert r.status == "error" and "connected" not in r.stdout
+        assert "OSError" in r.stderr
+    finally:
+        listener.close()
+    assert_nothing_left(executor)
+
+
+def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
+    code = "import random\nprint(random.random())"
+    assert executor.run(code).stdout != executor.run(code).stdout
+    numpy_code = "import numpy\nprint(numpy.random.random())"
+    assert executor.run(numpy_code).stdout != executor.run(numpy_code).stdout
+
+
+def test_files_do_not_survive_the_snippet(executor: LocalExecutor) -> None:
+    write = ("import os\n"
+             "for path in ('here.txt', '/tmp/t.txt', '/var/tmp/v.txt', '/dev/shm/s.txt'):\n"
+             "    open(path, 'w').write('x')\n"
+             "print(sorted(os.listdir('.')))")
+    assert executor.run(write).stdout == "['here.txt']\n"
+    check = ("import os\n"
+             "print([os.path.exists(p) for p in ('here.txt', '/tmp/t.txt', '/var/tmp/v.txt', "
+             "'/dev/shm/s.txt')], os.listdir('.'))")
+    assert executor.run(check).stdout == "[False, False, False, False] []\n"
+    for path in ("/tmp/t.txt", "/var/tmp/v.txt", "/dev/shm/s.txt"):
+        assert not os.path.exists(path)
+    r = executor.run("open('/etc/codepool-was-here', 'w')")
+    assert r.status == "error" and not os.path.exists("/etc/codepool-was-here")
+    assert_nothing_left(executor)
+
+
+def test_input_sees_eof(executor: LocalExecutor) -> None:
+    r = executor.run("input()")
+    assert r.status == "error" and r.stderr.endswith("EOFError: EOF when reading a line\n")
+
+
+def test_segfault_is_a_signal(executor: LocalExecutor) -> None:
+    r = executor.run("import ctypes\nctypes.string_at(0)")
+    assert (r.returncode, r.status, r.signal, r.ok) == (-11, "signal", 11, False)
+    assert executor.run("print('alive')").stdout == "alive\n"
+    assert_nothing_left(executor)
+
+
+def test_invalid_utf8_output_is_replaced(executor: LocalExecutor) -> None:
+    r = executor.run("import sys\nsys.stdout.buffer.write(b'a\\xff\\xfeb\\n')")
+    assert r.ok and r.stdout == "a\ufffd\ufffdb\n"
+
+
+def test_executor_is_unreachable_from_the_snippet(executor: LocalExecutor) -> None:
+    code = ("import os, signal\n"
+            "print(os.getppid(), os.getpid())\n"
+            "for target in (os.getppid(), 0, -1):\n"
+            "    try:\n"
+            "        os.kill(target, signal.SIGKILL)\n"
+            "    except OSError as exc:\n"
+            "        print(type(exc).__name__)\n")
+    zygote = executor.zygote_pid
+    r = executor.run(code)
+    assert r.stdout.startswith("0 1\n")
+    os.kill(zygote, 0)  # still alive
+    assert executor.zygote_pid == zygote and executor.restarts == 0
+    assert executor.run("print('alive')").stdout == "alive\n"
+    pids = executor.run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') "
+                        "if p.isdigit()))")
+    assert pids.stdout == "[1]\n"
+
+
+def test_only_stdio_is_open(executor: LocalExecutor) -> None:
+    r = executor.run("import os\nprint(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
+    # listdir itself holds one fd open while it reads the directory.
+    assert r.stdout == "[0, 1, 2, 3]\n"
+
+
+def test_runs_as_unprivileged_uid(executor: LocalExecutor) -> None:
+    r = executor.run("import os\nprint(os.getuid(), os.geteuid(), os.getgroups())")
+    uid, euid, groups = r.stdout.split(" ", 2)
+    assert int(uid) in executor.snippet_uids and int(euid) == int(uid)
+    assert groups.strip() == "[]"
+    assert executor.run("import os\nos.listdir('/root')\nopen('/root/x', 'w')").status == "error"
+
+
+def test_stdlib_and_venv_imports_work(executor: LocalExecutor) -> None:
+    r = executor.run("import json, decimal, fractions, sqlite3, msgpack\nprint(json.dumps([1]))")
+    assert r.ok, r.stderr
+    assert r.stdout == "[1]\n"
+
+
+def test_bad_input_is_rejected_or_an_error(executor: LocalExecutor) -> None:
+    for bad in (b"print(1)", None, 42, ["print(1)"]):
+        r = executor.run(bad)
+        assert r.status == "rejected" and "code must be str" in r.stderr
+    oversize = executor.run("#" * (256 * 1024 + 1))
+    assert oversize.status == "rejected" and "limit" in oversize.stderr
+    nul = executor.run("print(1)\0")
+    assert nul.status == "error" and "null bytes" in nul.stderr
+    surrogate = executor.run("print('\udc80')")
+    assert surrogate.status == "error" and "SyntaxError" in surrogate.stderr
+    assert executor.run("print('alive')").stdout == "alive\n"
+
+
+def test_run_many_keeps_order_and_concurrency_cap(executor: LocalExecutor) -> None:
+    codes = [f"import time\ntime.sleep(0.3)\nprint({i})" for i in range(6)]
+    started = time.monotonic()
+    results = executor.run_many(codes)
+    elapsed = time.monotonic() - started
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
+    assert elapsed >= 0.9, "6 x 0.3 s on 2 slots cannot finish in under 0.9 s"
+
+
+def test_straggler_holds_one_slot_only(executor: LocalExecutor) -> None:
+    slow = executor.submit("import time\ntime.sleep(3)\nprint('slow')")
+    started = time.monotonic()
+    fast = executor.run_many(["print('fast')"] * 10)
+    assert all(r.stdout == "fast\n" for r in fast)
+    assert time.monotonic() - started < 2.5
+    assert not slow.done()
+    assert slow.result().stdout == "slow\n"
+
+
+def test_many_threads_at_once(executor: LocalExecutor) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: executor.run(f"print({i} * 2)"), range(64)))
+    assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(64)]
+
+
+def test_cpu_rusage_is_reported(executor: LocalExecutor) -> None:
+    r = executor.run("x = 0\nfor i in range(3 * 10**6):\n    x += i")
+    assert r.ok and r.cpu_s > 0.05 and r.max_rss_kb > 0
+
+
+def test_limits_are_clamped_and_validated() -> None:
+    import pytest
+
+    from codepool.common import ConfigError, Limits
+
+    with LocalExecutor(concurrency=1, mode="fork", preload=(),
+                       max_limits=Limits(timeout_s=1.0)) as ex:
+        started = time.monotonic()
+        r = ex.run("while True: pass", timeout_s=60.0)
+        assert r.timed_out and time.monotonic() - started < 2.5
+        with pytest.raises(ConfigError):
+            ex.run("print(1)", timeout_s=-1)
+        with pytest.raises(ConfigError):
+            ex.run("print(1)", no_such_limit=1)
+
+
+def test_zygote_death_reruns_in_flight_snippets() -> None:
+    with LocalExecutor(concurrency=2, mode="fork", preload=()) as ex:
+        first = ex.zygote_pid
+        future = ex.submit("import time\ntime.sleep(1)\nprint('survived')")
+        time.sleep(0.3)
+        os.kill(first, 9)
+        r = future.result(timeout=30)
+        assert r.stdout == "survived\n" and r.ok
+        assert ex.restarts == 1 and ex.zygote_pid != first
+        assert ex.run("print(2 + 3)").stdout == "5\n"
+        assert processes_of(ex.snippet_uids) == []
+
+
+def test_snippet_killing_zygote_twice_gets_infra() -> None:
+    # A snippet in flight during two zygote deaths is given up on, not retried forever.
+    with LocalExecutor(concurrency=1, mode="fork", preload=()) as ex:
+        future = ex.submit("import time\ntime.sleep(5)")
+        for _ in range(2):
+            time.sleep(0.5)
+            os.kill(ex.zygote_pid, 9)
+            deadline = time.monotonic() + 30
+            while ex._sock is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        r = future.result(timeout=30)
+        assert r.status == "infra" and not r.ok
+        assert ex.run("print('ok')").stdout == "ok\n"
+
+
+def test_closed_executor_leaves_no_zygote() -> None:
+    ex = LocalExecutor(concurrency=1, mode="fork", preload=())
+    pid = ex.zygote_pid
+    ex.close()
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive
+
+
+def test_no_fd_leak_across_many_snippets(executor: LocalExecutor) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    executor.run_many(["print(1)"] * 50)
+    assert len(os.listdir("/proc/self/fd")) <= before + 2
