@@ -46,8 +46,9 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
     """Entry point in the cloned child; never returns."""
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
+        # fds first, so a setup failure lands in the snippet's stderr for the zygote to read.
         _arrange_fds(request_fd, out_fd, err_fd)
+        cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)

@@ -44,7 +44,7 @@ class IsolationState:
     userns: bool = False
     pidns: bool = False
     separate_uid: bool = False
-    volatile_binds: list[tuple[str, int]] = field(default_factory=list)
+    volatile_binds: list[str] = field(default_factory=list)
     protections: list[Protection] = field(default_factory=list)
 
     def note(self, name: str, active: bool, detail: str) -> None:
@@ -139,9 +139,7 @@ def _expose(state: IsolationState, paths: list[str]) -> list[str]:
     for path in paths:
         if any(_under(path, root) for root in VOLATILE_ROOTS):
             # Children mount a fresh tmpfs over these roots and bind the path back in.
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            os.set_inheritable(fd, False)
-            state.volatile_binds.append((path, fd))
+            state.volatile_binds.append(path)
             actions.append(f"rebinds {path} into each snippet's private tmpfs")
             continue
         blocker = _blocking_ancestor(path)
@@ -237,10 +235,13 @@ def setup_child(state: IsolationState, uid: int | None, disk_mb: int,
         assert fallback_dir is not None
         return fallback_dir
     options = f"mode=1777,size={disk_mb}m"
+    # Opened here, not in the zygote: a bind source must be in the caller's namespace.
+    keep = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in state.volatile_binds]
     for root in VOLATILE_ROOTS:
         linux.mount("tmpfs", root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, options)
-    for path, fd in state.volatile_binds:
+    for path, fd in keep:
         _bind_back(path, fd)
+        os.close(fd)
     linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
     os.mkdir(WORKDIR, 0o700)
     if uid is not None:
