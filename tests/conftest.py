@@ -19,19 +19,34 @@ def executor(request: pytest.FixtureRequest) -> Iterator[LocalExecutor]:
         yield ex
 
 
-def processes_of(uids: range) -> list[str]:
-    """Command lines of live processes running as any of ``uids``."""
+def processes_of(uids: range, *, except_children_of: int = 0) -> list[str]:
+    """Command lines of live processes running as any of ``uids``.
+
+    ``except_children_of``: leave out direct children of this pid (the zygote's one
+    waiting child already runs as its snippet uid).
+    """
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{entry}").st_uid in uids:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            if os.stat(f"/proc/{entry}").st_uid not in uids:
+                continue
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if except_children_of and parent == except_children_of:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
         except (FileNotFoundError, ProcessLookupError):
             continue
     return found
+
+
+def zygote_children(executor: LocalExecutor) -> list[int]:
+    pid = executor.zygote_pid
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
 
 
 def files_of(uids: range) -> list[str]:
@@ -52,5 +67,7 @@ def files_of(uids: range) -> list[str]:
 def assert_nothing_left(executor: LocalExecutor) -> None:
     """No process and no file of any snippet outlives it (checked on the host)."""
     assert executor.snippet_uids, "the suite runs as root: snippets must get their own uids"
-    assert processes_of(executor.snippet_uids) == []
+    # Between snippets the zygote has exactly one child: the one waiting for the next.
+    assert len(zygote_children(executor)) <= 1
+    assert processes_of(executor.snippet_uids, except_children_of=executor.zygote_pid) == []
     assert files_of(executor.snippet_uids) == []

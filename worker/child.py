@@ -49,17 +49,21 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         # fds first, so a setup failure lands in the snippet's stderr for the zygote to read.
         _arrange_fds(request_fd, out_fd, err_fd)
         cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
-        request = _read_request()
-        if request is None:  # the zygote went away or discarded this warm child
-            os._exit(0)
-        code, limits = request
-        _apply_limits(limits, plan.vm_baseline_bytes, separate_uid=plan.uid is not None)
+        # Everything that does not depend on the request is done before it arrives, so
+        # the request pays only for its limits. Once unprivileged, limits can only go down.
         if plan.uid is not None:
             _drop_privileges(plan.uid)
         _reseed()
         os.environ.clear()
         os.environ.update(plan.env)
         os.chdir(cwd)
+        if plan.mode == "fork":
+            runner.prepare()
+        request = _read_request()
+        if request is None:  # the zygote went away or discarded this warm child
+            os._exit(0)
+        code, limits = request
+        _apply_limits(limits, plan.vm_baseline_bytes, separate_uid=plan.uid is not None)
         os.write(REQUEST_FD, READY)
         if plan.mode == "spawn":
             _exec_interpreter(code, limits.auto_print, plan.env)

@@ -66,8 +66,8 @@ def _finish_threads_and_atexit() -> None:
     atexit._run_exitfuncs()
 
 
-def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
-    """Execute ``source`` as ``__main__`` and exit the process with its exit code."""
+def prepare() -> None:
+    """Make this process look like a fresh ``python -c`` (before the source is known)."""
     _fresh_streams()
     atexit._clear()
     sys.argv = ["-c"]
@@ -76,6 +76,14 @@ def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
+
+
+def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
+    """Execute ``source`` as ``__main__`` and exit the process with its exit code.
+
+    Call :func:`prepare` first (fork mode does so while waiting for the request).
+    """
+    main = sys.modules["__main__"]
     linecache.cache[FILENAME] = (len(source), None,
                                  source.decode("utf-8", "replace").splitlines(True), FILENAME)
     code = 0
@@ -112,7 +120,9 @@ def _read_all(fd: int) -> bytes:
 def main() -> NoReturn:
     """Spawn-mode entry: source on fd 3, ``--auto-print`` on the command line."""
     source = _read_all(CODE_FD)
-    run_snippet(source, auto_print="--auto-print" in sys.argv[1:])
+    auto_print = "--auto-print" in sys.argv[1:]
+    prepare()
+    run_snippet(source, auto_print=auto_print)
 
 
 if __name__ == "__main__":

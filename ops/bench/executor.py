@@ -24,7 +24,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import IO, Protocol, Self
 
@@ -80,8 +80,6 @@ class ReferenceExecutor:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        # Join the threads before codepool starts: a zygote should not be forked from a
-        # process that still has 64 idle threads around.
         self._pool.shutdown(wait=True)
         self._workdir.cleanup()
 
@@ -366,21 +364,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"interpreter startup ({sys.executable}): {interpreter_startup_ms():.1f} ms")
     results: Results = {}
     crashed: list[str] = []
-    for mode in args.modes:
-        print(f"[{mode}] starting", file=sys.stderr, flush=True)
-        try:
-            with open_executor(mode, args.concurrency) as runner:
-                warm_up(runner)
-                for workload in workloads:
+    with ExitStack() as stack:
+        # All executors stay open and each workload runs on them back to back, so a burst
+        # of load from elsewhere on the host skews a ratio's two sides alike, not just one.
+        runners: dict[str, Runner] = {}
+        for mode in args.modes:
+            try:
+                runners[mode] = stack.enter_context(open_executor(mode, args.concurrency))
+                warm_up(runners[mode])
+            except Exception:  # noqa: BLE001 - the bench's only boundary; reported, exit 1
+                traceback.print_exc()
+                runners.pop(mode, None)
+                crashed.append(mode)
+        for workload in workloads:
+            for mode, runner in list(runners.items()):
+                try:
                     results[(workload.name, mode)] = measure(runner, workload, mode)
-                    print(f"[{mode}] {workload.name} done", file=sys.stderr, flush=True)
-        except Exception:  # noqa: BLE001 - the bench's only boundary; reported, exit 1
-            # Keep going: the other executors' rows are still worth printing.
-            traceback.print_exc()
-            crashed.append(mode)
-    print()
-    print_table(workloads, args.modes, results)
-    print_targets(results)
+                except Exception:  # noqa: BLE001 - same boundary; keep the other rows
+                    traceback.print_exc()
+                    del runners[mode]
+                    crashed.append(mode)
+            print(f"{workload.name} done", file=sys.stderr, flush=True)
+        # Printed before the executors close, so a failure on close cannot hide the table.
+        print()
+        print_table(workloads, args.modes, results)
+        print_targets(results)
     if crashed:
         print(f"\nexecutor(s) crashed: {', '.join(crashed)}")
     return 1 if crashed else 0
