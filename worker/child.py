@@ -40,6 +40,7 @@ class ChildPlan:
     env: dict[str, str]
     vm_baseline_bytes: int
     fallback_dir: str | None
+    fresh: runner.Fresh | None  # fork mode: made once in the zygote
 
 
 def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> NoReturn:
@@ -54,11 +55,12 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         if plan.uid is not None:
             _drop_privileges(plan.uid)
         _reseed()
-        os.environ.clear()
-        os.environ.update(plan.env)
+        if os.environ != plan.env:  # the zygote was normally started with exactly this
+            os.environ.clear()
+            os.environ.update(plan.env)
         os.chdir(cwd)
-        if plan.mode == "fork":
-            runner.prepare()
+        if plan.fresh is not None:
+            runner.prepare(plan.fresh)
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)

@@ -13,20 +13,39 @@ import linecache
 import os
 import sys
 import types
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import NoReturn, TextIO
 
 from codepool.common.autoprint import FILENAME, compile_snippet
 
 CODE_FD = 3
 
 
-def _fresh_streams() -> None:
-    # New objects over fds 0-2: nothing buffered in the zygote can leak into a snippet.
-    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)
-    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="backslashreplace",
-                                       closefd=False)
-    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",
-                                       closefd=False, buffering=1)
+@dataclass(frozen=True)
+class Fresh:
+    """A ``__main__`` module and stdio objects nobody has used yet.
+
+    The zygote makes one and every forked child installs its own copy of it, so
+    children do not pay for building them. The streams name fds 0-2, which each child
+    points at its own /dev/null and output files before installing them.
+    """
+
+    main: types.ModuleType
+    stdin: TextIO
+    stdout: TextIO
+    stderr: TextIO
+
+    @classmethod
+    def create(cls) -> Fresh:
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = __builtins__
+        return cls(
+            main=main,
+            stdin=open(0, encoding="utf-8", errors="replace", closefd=False),
+            stdout=open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
+            stderr=open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False,
+                        buffering=1),
+        )
 
 
 def _print_exception(exc: BaseException) -> None:
@@ -66,16 +85,16 @@ def _finish_threads_and_atexit() -> None:
     atexit._run_exitfuncs()
 
 
-def prepare() -> None:
+def prepare(fresh: Fresh) -> None:
     """Make this process look like a fresh ``python -c`` (before the source is known)."""
-    _fresh_streams()
+    sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = fresh.stdout  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = fresh.stderr  # type: ignore[misc]
     atexit._clear()
     sys.argv = ["-c"]
     if not sys.path or sys.path[0] != "":
         sys.path.insert(0, "")  # like `python -c`: the snippet may import from its cwd
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
-    sys.modules["__main__"] = main
+    sys.modules["__main__"] = fresh.main
 
 
 def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
@@ -121,7 +140,7 @@ def main() -> NoReturn:
     """Spawn-mode entry: source on fd 3, ``--auto-print`` on the command line."""
     source = _read_all(CODE_FD)
     auto_print = "--auto-print" in sys.argv[1:]
-    prepare()
+    prepare(Fresh.create())
     run_snippet(source, auto_print=auto_print)
 
 

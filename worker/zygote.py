@@ -32,7 +32,7 @@ from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.observation import decode_tail
-from codepool.worker import isolation, linux
+from codepool.worker import isolation, linux, runner
 from codepool.worker.child import READY, SETUP_FAILED_EXIT, ChildPlan, child_main
 from codepool.worker.protocol import FrameReader, encode_frame
 
@@ -110,6 +110,7 @@ class Zygote:
         self.uid_base = base
         self.vm_baseline_bytes = _vm_size_bytes()
         self.flags = isolation.clone_flags(state)
+        self.fresh = runner.Fresh.create() if config.mode == "fork" else None
         self.stopping = False
         # Cleared when a waiting child dies during setup, so a host that refuses our
         # setup does not spin cloning children nobody asked for.
@@ -200,7 +201,7 @@ class Zygote:
         out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
         err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
         plan = ChildPlan(self.state, self.config.mode, uid, self.config.disk_mb,
-                         self.config.env, self.vm_baseline_bytes, fallback_dir)
+                         self.config.env, self.vm_baseline_bytes, fallback_dir, self.fresh)
         pid = linux.fork_with_flags(self.flags) if self.flags else os.fork()
         if pid == 0:
             if not self.flags:
