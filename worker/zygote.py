@@ -35,6 +35,7 @@ from codepool.common.observation import decode_tail
 from codepool.worker import isolation, linux, runner
 from codepool.worker.child import READY, SETUP_FAILED_EXIT, ChildPlan, child_main
 from codepool.worker.protocol import FrameReader, encode_frame
+from codepool.worker.warmup import warm_up
 
 log = logging.getLogger("codepool.worker.zygote")
 
@@ -385,7 +386,6 @@ def _vm_size_bytes() -> int:
 
 
 def _preload(names: list[str]) -> list[dict[str, object]]:
-    lines: list[dict[str, object]] = []
     loaded, failed = [], []
     for name in names:
         try:
@@ -393,12 +393,15 @@ def _preload(names: list[str]) -> list[dict[str, object]]:
             loaded.append(name)
         except Exception as exc:  # a missing optional package must not stop the pool
             failed.append(f"{name} ({type(exc).__name__}: {exc})")
-    if names:
-        detail = "imported " + (", ".join(loaded) or "nothing")
-        if failed:
-            detail += "; failed: " + "; ".join(failed)
-        lines.append({"name": "preload", "active": not failed, "detail": detail})
-    return lines
+    if not names:
+        return []
+    warmed = warm_up(loaded)
+    detail = "imported " + (", ".join(loaded) or "nothing")
+    if warmed:
+        detail += "; warmed up " + ", ".join(warmed)
+    if failed:
+        detail += "; failed: " + "; ".join(failed)
+    return [{"name": "preload", "active": not failed, "detail": detail}]
 
 
 def _threads() -> int:
