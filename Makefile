@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench
+.PHONY: demo test bench lint
 
 $(BIN)/codepool: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,3 +22,12 @@ test: $(BIN)/codepool
 
 bench: $(BIN)/codepool
 	$(BIN)/python ops/bench/executor.py
+
+# Type-check the mapped folders as the `codepool` package they install as.
+lint: $(BIN)/codepool
+	$(BIN)/pip install -q ruff mypy msgpack-types
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	rm -rf build/typecheck && mkdir -p build/typecheck/codepool
+	for d in common worker producer ops; do ln -s ../../../$$d build/typecheck/codepool/$$d; done
+	cd build/typecheck && MYPYPATH=. ../../$(BIN)/mypy --strict --exclude examples/ -p codepool.common -p codepool.worker -p codepool.ops

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
-
 from codepool.common.errors import ConfigError, WireError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult
@@ -19,7 +18,7 @@ SCHEMA_VERSION = 1
 def dumps(obj: Any) -> bytes:
     """Encode plain data (dicts, lists, str, bytes, numbers, None) as msgpack."""
     try:
-        return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+        return msgpack.packb(obj, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise WireError(f"cannot encode {type(obj).__name__}: {exc}") from exc
 
@@ -48,7 +47,7 @@ def encode_result(result: ExecResult) -> bytes:
 def decode_result(data: bytes) -> ExecResult:
     record = loads(data)
     if not isinstance(record, dict) or record.get("v") != SCHEMA_VERSION:
-        raise WireError("not an ExecResult record of schema version %d" % SCHEMA_VERSION)
+        raise WireError(f"not an ExecResult record of schema version {SCHEMA_VERSION}")
     try:
         return ExecResult.from_dict(record)
     except TypeError as exc:

@@ -44,8 +44,7 @@ class Limits:
                 raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
             if not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
-        for name in ("memory_mb", "max_procs", "max_file_mb", "max_output_chars",
-                     "max_code_bytes"):
+        for name in ("memory_mb", "max_procs", "max_file_mb", "max_output_chars", "max_code_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{name} must be an int, got {type(value).__name__}")

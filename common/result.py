@@ -49,14 +49,26 @@ class ExecResult:
 def rejected(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
     """A result for input that was refused before anything ran."""
     return ExecResult(
-        ok=False, stdout="", stderr=message, returncode=None, timed_out=False,
-        latency=latency, status="rejected", worker=worker,
+        ok=False,
+        stdout="",
+        stderr=message,
+        returncode=None,
+        timed_out=False,
+        latency=latency,
+        status="rejected",
+        worker=worker,
     )
 
 
 def infra(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
     """A result for a snippet codepool could not run (executor or queue fault)."""
     return ExecResult(
-        ok=False, stdout="", stderr=message, returncode=None, timed_out=False,
-        latency=latency, status="infra", worker=worker,
+        ok=False,
+        stdout="",
+        stderr=message,
+        returncode=None,
+        timed_out=False,
+        latency=latency,
+        status="infra",
+        worker=worker,
     )

@@ -17,26 +17,40 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="report which protections are active")
     doctor.add_argument("--mode", choices=("fork", "spawn"), default="fork")
-    doctor.add_argument("--preload", type=_split, default=(),
-                        help="comma-separated modules to preload, e.g. numpy,sympy")
+    doctor.add_argument(
+        "--preload",
+        type=_split,
+        default=(),
+        help="comma-separated modules to preload, e.g. numpy,sympy",
+    )
     run = commands.add_parser("run", help="run snippets on this host and print the tool text")
-    run.add_argument("source", help="a .py file (cells split on '# %%%%' lines), '-' for stdin,"
-                     " or code with -c")
+    run.add_argument(
+        "source", help="a .py file (cells split on '# %%%%' lines), '-' for stdin, or code with -c"
+    )
     run.add_argument("-c", dest="is_code", action="store_true", help="SOURCE is code")
     run.add_argument("--mode", choices=("fork", "spawn"), default="fork")
-    run.add_argument("--preload", type=_split, default=(),
-                     help="comma-separated modules to preload, e.g. numpy,sympy")
+    run.add_argument(
+        "--preload",
+        type=_split,
+        default=(),
+        help="comma-separated modules to preload, e.g. numpy,sympy",
+    )
     run.add_argument("--concurrency", "-j", type=int, default=2)
     run.add_argument("--timeout", type=float, default=5.0, help="seconds per snippet")
-    run.add_argument("--auto-print", action="store_true",
-                     help="print a trailing expression's value, like a notebook")
+    run.add_argument(
+        "--auto-print",
+        action="store_true",
+        help="print a trailing expression's value, like a notebook",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.command == "doctor":
         from codepool.ops import doctor
 
@@ -46,8 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         from codepool.ops import run
 
         limits = Limits(timeout_s=args.timeout, auto_print=args.auto_print)
-        return run.main(args.source, is_code=args.is_code, mode=args.mode,
-                        preload=args.preload, concurrency=args.concurrency, limits=limits)
+        return run.main(
+            args.source,
+            is_code=args.is_code,
+            mode=args.mode,
+            preload=args.preload,
+            concurrency=args.concurrency,
+            limits=limits,
+        )
     return 2
 
 

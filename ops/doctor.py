@@ -8,13 +8,24 @@ from codepool.worker import LocalExecutor
 
 # Probes run inside a real snippet, so the report is what a snippet actually meets.
 PROBES: list[tuple[str, str, str]] = [
-    ("probe: network", "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), 1)"
-     "\n    print('reachable')\nexcept OSError:\n    print('unreachable')", "unreachable"),
+    (
+        "probe: network",
+        "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), 1)"
+        "\n    print('reachable')\nexcept OSError:\n    print('unreachable')",
+        "unreachable",
+    ),
     ("probe: parent", "import os\nprint('hidden' if os.getppid() == 0 else 'visible')", "hidden"),
-    ("probe: uid", "import os\nprint('unprivileged' if os.getuid() != 0 else 'root')",
-     "unprivileged"),
-    ("probe: secrets", "import os\nprint('clean' if not any(k.startswith(('REDIS', 'AWS', "
-     "'CODEPOOL')) for k in os.environ) else 'leaked')", "clean"),
+    (
+        "probe: uid",
+        "import os\nprint('unprivileged' if os.getuid() != 0 else 'root')",
+        "unprivileged",
+    ),
+    (
+        "probe: secrets",
+        "import os\nprint('clean' if not any(k.startswith(('REDIS', 'AWS', "
+        "'CODEPOOL')) for k in os.environ) else 'leaked')",
+        "clean",
+    ),
 ]
 
 
@@ -34,7 +45,8 @@ def format_lines(lines: list[dict[str, Any]]) -> str:
     width = max(len(str(line["name"])) for line in lines)
     return "\n".join(
         f"[{'ok' if line['active'] else '!!'}] {str(line['name']).ljust(width)}  {line['detail']}"
-        for line in lines)
+        for line in lines
+    )
 
 
 def main(mode: str, preload: tuple[str, ...]) -> int:

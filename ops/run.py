@@ -22,17 +22,25 @@ def split_cells(text: str) -> list[str]:
     return [s for s in snippets if s.strip()]
 
 
-def main(source: str, *, is_code: bool, mode: str, preload: tuple[str, ...],
-         concurrency: int, limits: Limits) -> int:
+def main(
+    source: str,
+    *,
+    is_code: bool,
+    mode: str,
+    preload: tuple[str, ...],
+    concurrency: int,
+    limits: Limits,
+) -> int:
     if is_code:
         snippets = [source]
     else:
         with open(source if source != "-" else "/dev/stdin", encoding="utf-8") as f:
             snippets = split_cells(f.read())
-    with LocalExecutor(concurrency=concurrency, mode=mode, preload=preload,
-                       limits=limits) as executor:
+    with LocalExecutor(
+        concurrency=concurrency, mode=mode, preload=preload, limits=limits
+    ) as executor:
         results = executor.run_many(snippets)
-    for index, (snippet, result) in enumerate(zip(snippets, results)):
+    for index, (snippet, result) in enumerate(zip(snippets, results, strict=True)):
         first = snippet.strip().splitlines()[0][:60]
         print(f"--- [{index}] {first}  ({result.status}, {result.latency * 1e3:.1f} ms)")
         text = format_tool_content(result, timeout_s=limits.timeout_s)

@@ -6,7 +6,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-
 from codepool.worker import LocalExecutor
 from codepool.worker.zygote import FALLBACK_PREFIX
 

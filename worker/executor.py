@@ -33,12 +33,19 @@ MODES = ("fork", "spawn")
 DEFAULT_PRELOAD = ("numpy", "sympy")
 MAX_ATTEMPTS = 2
 # BLAS pools would multiply threads per snippet and make the zygote multi-threaded.
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "VECLIB_NUMEXPR_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_NUMEXPR_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
-def snippet_env(extra: Mapping[str, str] | None = None,
-                pass_env: Iterable[str] = ()) -> dict[str, str]:
+def snippet_env(
+    extra: Mapping[str, str] | None = None, pass_env: Iterable[str] = ()
+) -> dict[str, str]:
     """The allow-listed environment a snippet sees: nothing of the worker's unless named."""
     bin_dir = os.path.dirname(sys.executable)
     env = {
@@ -107,8 +114,14 @@ class LocalExecutor:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.start_timeout_s = start_timeout_s
         self._env = snippet_env(env, pass_env)
-        self._config = ZygoteConfig(mode=mode, concurrency=concurrency, preload=list(preload),
-                                    uid_base=uid_base, disk_mb=disk_mb, env=self._env)
+        self._config = ZygoteConfig(
+            mode=mode,
+            concurrency=concurrency,
+            preload=list(preload),
+            uid_base=uid_base,
+            disk_mb=disk_mb,
+            env=self._env,
+        )
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -141,16 +154,21 @@ class LocalExecutor:
         effective = self.limits.with_overrides(**limits).clamp(self.max_limits)
         future: Future[ExecResult] = Future()
         if not isinstance(code, str):
-            future.set_result(rejected(
-                f"rejected: code must be str, got {type(code).__name__}", worker=self.name))
+            future.set_result(
+                rejected(f"rejected: code must be str, got {type(code).__name__}", worker=self.name)
+            )
             return future
         # surrogatepass keeps lone surrogates; the child's compile() reports them as
         # Python reports undecodable source.
         data = code.encode("utf-8", "surrogatepass")
         if len(data) > effective.max_code_bytes:
-            future.set_result(rejected(
-                f"rejected: code is {len(data)} bytes, over the {effective.max_code_bytes} "
-                "byte limit", worker=self.name))
+            future.set_result(
+                rejected(
+                    f"rejected: code is {len(data)} bytes, over the {effective.max_code_bytes} "
+                    "byte limit",
+                    worker=self.name,
+                )
+            )
             return future
         pending = _Pending(future, data, effective, time.monotonic())
         with self._lock:
@@ -162,8 +180,9 @@ class LocalExecutor:
         if sock is not None:
             self._send(sock, generation, request_id, pending)
         elif not restarting:
-            self._finish(request_id, infra("codepool: the executor's zygote is down",
-                                           worker=self.name))
+            self._finish(
+                request_id, infra("codepool: the executor's zygote is down", worker=self.name)
+            )
         # else: the restart re-sends everything still pending
         return future
 
@@ -214,11 +233,15 @@ class LocalExecutor:
         env = dict(self._env)
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = [sys.executable, "-P", "-B", "-m", "codepool.worker.zygote",
-                self._config.to_json()]
+        argv = [sys.executable, "-P", "-B", "-m", "codepool.worker.zygote", self._config.to_json()]
         try:
-            process = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=env,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                argv,
+                pass_fds=[theirs.fileno()],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             theirs.close()
         ours.settimeout(self.start_timeout_s)
@@ -237,8 +260,12 @@ class LocalExecutor:
         self.zygote_pid = int(hello["pid"])
         uids = hello.get("uids")
         self.snippet_uids = range(uids[0], uids[1]) if uids else range(0)
-        reader = threading.Thread(target=self._read_results, args=(ours, process),
-                                  name="codepool-executor-reader", daemon=True)
+        reader = threading.Thread(
+            target=self._read_results,
+            args=(ours, process),
+            name="codepool-executor-reader",
+            daemon=True,
+        )
         with self._lock:
             self._sock, self._process, self._reader = ours, process, reader
             self._generation += 1
@@ -249,9 +276,13 @@ class LocalExecutor:
         reader.start()
         for request_id, pending in unsent:
             if pending.attempts >= MAX_ATTEMPTS:
-                self._finish(request_id, infra(
-                    "codepool: the executor failed twice while running this snippet",
-                    worker=self.name))
+                self._finish(
+                    request_id,
+                    infra(
+                        "codepool: the executor failed twice while running this snippet",
+                        worker=self.name,
+                    ),
+                )
             else:
                 self._send(ours, generation, request_id, pending)
 
@@ -287,12 +318,14 @@ class LocalExecutor:
                 self._restarting = False
             self._fail_all(f"codepool: zygote restart failed: {exc}")
 
-    def _send(self, sock: socket.socket, generation: int, request_id: int,
-              pending: _Pending) -> None:
+    def _send(
+        self, sock: socket.socket, generation: int, request_id: int, pending: _Pending
+    ) -> None:
         pending.attempts += 1
         pending.generation = generation
-        frame = encode_frame({"t": "run", "id": request_id, "code": pending.code,
-                              "limits": pending.limits.to_dict()})
+        frame = encode_frame(
+            {"t": "run", "id": request_id, "code": pending.code, "limits": pending.limits.to_dict()}
+        )
         try:
             with self._send_lock:
                 sock.sendall(frame)

@@ -51,8 +51,7 @@ class IsolationState:
         self.protections.append(Protection(name, active, detail))
 
     def report(self) -> list[dict[str, object]]:
-        return [{"name": p.name, "active": p.active, "detail": p.detail}
-                for p in self.protections]
+        return [{"name": p.name, "active": p.active, "detail": p.detail} for p in self.protections]
 
 
 def needed_paths(extra: tuple[str, ...] = ()) -> list[str]:
@@ -60,10 +59,18 @@ def needed_paths(extra: tuple[str, ...] = ()) -> list[str]:
     import codepool.common
     import codepool.worker
 
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  os.path.dirname(sys.executable),
-                  os.path.dirname(os.path.realpath(sys.executable)),
-                  *sys.path, *codepool.common.__path__, *codepool.worker.__path__, *extra]
+    candidates = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(sys.executable),
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *sys.path,
+        *codepool.common.__path__,
+        *codepool.worker.__path__,
+        *extra,
+    ]
     paths: list[str] = []
     for path in candidates:
         if not path or not os.path.exists(path):
@@ -111,9 +118,14 @@ def _unshare_user_namespace(state: IsolationState) -> None:
 
 def _remount_readonly(state: IsolationState) -> int:
     """Remount every mount read-only in our namespace; returns how many failed."""
-    flag_names = {"nosuid": linux.MS_NOSUID, "nodev": linux.MS_NODEV,
-                  "noexec": linux.MS_NOEXEC, "noatime": linux.MS_NOATIME,
-                  "nodiratime": linux.MS_NODIRATIME, "relatime": linux.MS_RELATIME}
+    flag_names = {
+        "nosuid": linux.MS_NOSUID,
+        "nodev": linux.MS_NODEV,
+        "noexec": linux.MS_NOEXEC,
+        "noatime": linux.MS_NOATIME,
+        "nodiratime": linux.MS_NODIRATIME,
+        "relatime": linux.MS_RELATIME,
+    }
     failed = 0
     with open("/proc/self/mountinfo") as f:
         lines = f.read().splitlines()
@@ -147,13 +159,15 @@ def _expose(state: IsolationState, paths: list[str]) -> list[str]:
             masks.setdefault(blocker, []).append(path)
     for blocker, inner in masks.items():
         fds = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in inner]
-        linux.mount("tmpfs", blocker, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
-                    "mode=0755,size=1m")
+        linux.mount(
+            "tmpfs", blocker, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=0755,size=1m"
+        )
         for path, fd in fds:
             _bind_back(path, fd)
             os.close(fd)
-        actions.append(f"hid {blocker} (mode 700) behind a tmpfs; bound back read-only: "
-                       + ", ".join(inner))
+        actions.append(
+            f"hid {blocker} (mode 700) behind a tmpfs; bound back read-only: " + ", ".join(inner)
+        )
     return actions
 
 
@@ -197,9 +211,12 @@ def setup_zygote(extra_paths: tuple[str, ...] = ()) -> IsolationState:
             actions = [f"failed ({exc}); snippets may not import the venv"]
         failed = _remount_readonly(state)
         ro = "every mount read-only" + (f" ({failed} could not be remounted)" if failed else "")
-        state.note("filesystem", True,
-                   f"private mount namespace; {ro}; fresh tmpfs on "
-                   f"{', '.join(VOLATILE_ROOTS)} per snippet")
+        state.note(
+            "filesystem",
+            True,
+            f"private mount namespace; {ro}; fresh tmpfs on "
+            f"{', '.join(VOLATILE_ROOTS)} per snippet",
+        )
         state.note("interpreter paths", True, "; ".join(actions) or "all readable as they are")
     state.separate_uid = state.root
     if state.separate_uid:
@@ -207,12 +224,19 @@ def setup_zygote(extra_paths: tuple[str, ...] = ()) -> IsolationState:
     else:
         state.note("uid", False, "not root: snippets keep the worker's uid")
     if state.pidns:
-        state.note("processes", True, "PID namespace per snippet: its processes die with it, "
-                   "the executor is invisible and unkillable from inside")
+        state.note(
+            "processes",
+            True,
+            "PID namespace per snippet: its processes die with it, "
+            "the executor is invisible and unkillable from inside",
+        )
         state.note("ipc", True, "IPC namespace per snippet: no SysV/POSIX IPC survives it")
     else:
-        state.note("processes", False, "no PID namespace: the process group is killed, "
-                   "but double-forked daemons may escape")
+        state.note(
+            "processes",
+            False,
+            "no PID namespace: the process group is killed, but double-forked daemons may escape",
+        )
     state.note("rlimits", True, "CPU, address space, processes, file size, open files, core")
     state.note("environment", True, "allow-list only")
     state.note("file descriptors", True, "all closed but stdio")
@@ -225,8 +249,9 @@ def clone_flags(state: IsolationState) -> int:
     return linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWIPC
 
 
-def setup_child(state: IsolationState, uid: int | None, disk_mb: int,
-                fallback_dir: str | None) -> str:
+def setup_child(
+    state: IsolationState, uid: int | None, disk_mb: int, fallback_dir: str | None
+) -> str:
     """In a fresh child: private tmpfs roots, a private /proc, the work dir. Returns cwd.
 
     Without namespaces the zygote made ``fallback_dir`` and removes it afterwards.

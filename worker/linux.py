@@ -42,12 +42,22 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # A PyDLL call keeps the GIL, exactly like os.fork does around fork(2).
 _libc_gil = ctypes.PyDLL(None, use_errno=True)
 _libc_gil.syscall.restype = ctypes.c_long
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                        ctypes.c_ulong, ctypes.c_char_p]
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                        ctypes.c_ulong]
+_libc.prctl.argtypes = [
+    ctypes.c_int,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+]
 
 
 def _check(ret: int, what: str) -> None:
@@ -64,10 +74,10 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(flags), "unshare")
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
-          data: str | None = None) -> None:
-    _check(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)),
-           f"mount {target}")
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None
+) -> None:
+    _check(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)), f"mount {target}")
 
 
 def umount(target: str, flags: int = 0) -> None:
@@ -90,8 +100,9 @@ def fork_with_flags(flags: int) -> int:
     """
     api = ctypes.pythonapi
     api.PyOS_BeforeFork()
-    pid = _libc_gil.syscall(_SYS_CLONE[platform.machine()], ctypes.c_ulong(flags | SIGCHLD),
-                            None, None, None, None)
+    pid = _libc_gil.syscall(
+        _SYS_CLONE[platform.machine()], ctypes.c_ulong(flags | SIGCHLD), None, None, None, None
+    )
     if pid == 0:
         api.PyOS_AfterFork_Child()
         return 0

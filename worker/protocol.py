@@ -43,7 +43,7 @@ class FrameReader:
             end = _HEADER.size + length
             if len(self._buffer) < end:
                 break
-            messages.append(codec.loads(bytes(self._buffer[_HEADER.size:end])))
+            messages.append(codec.loads(bytes(self._buffer[_HEADER.size : end])))
             del self._buffer[:end]
         return messages
 

@@ -43,8 +43,9 @@ class Fresh:
             main=main,
             stdin=open(0, encoding="utf-8", errors="replace", closefd=False),
             stdout=open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
-            stderr=open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False,
-                        buffering=1),
+            stderr=open(
+                2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1
+            ),
         )
 
 
@@ -87,9 +88,9 @@ def _finish_threads_and_atexit() -> None:
 
 def prepare(fresh: Fresh) -> None:
     """Make this process look like a fresh ``python -c`` (before the source is known)."""
-    sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc]
-    sys.stdout = sys.__stdout__ = fresh.stdout  # type: ignore[misc]
-    sys.stderr = sys.__stderr__ = fresh.stderr  # type: ignore[misc]
+    sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc,assignment]
+    sys.stdout = sys.__stdout__ = fresh.stdout  # type: ignore[misc,assignment]
+    sys.stderr = sys.__stderr__ = fresh.stderr  # type: ignore[misc,assignment]
     atexit._clear()
     sys.argv = ["-c"]
     if not sys.path or sys.path[0] != "":
@@ -103,8 +104,12 @@ def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
     Call :func:`prepare` first (fork mode does so while waiting for the request).
     """
     main = sys.modules["__main__"]
-    linecache.cache[FILENAME] = (len(source), None,
-                                 source.decode("utf-8", "replace").splitlines(True), FILENAME)
+    linecache.cache[FILENAME] = (
+        len(source),
+        None,
+        source.decode("utf-8", "replace").splitlines(True),
+        FILENAME,
+    )
     code = 0
     try:
         try:

@@ -34,8 +34,9 @@ class LocalSandbox:
         self.timeout = timeout
         self.markers = markers
         self.limits = Limits().with_overrides(timeout_s=timeout, **limits)
-        self.executor = LocalExecutor(concurrency=max_concurrency, mode=mode,
-                                      preload=preload, limits=self.limits)
+        self.executor = LocalExecutor(
+            concurrency=max_concurrency, mode=mode, preload=preload, limits=self.limits
+        )
         self.stats = SandboxStats()
 
     def run_code(self, code: str) -> ExecResult:

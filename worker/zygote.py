@@ -33,7 +33,7 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.observation import decode_tail
 from codepool.worker import isolation, linux, runner
-from codepool.worker.child import READY, SETUP_FAILED_EXIT, ChildPlan, child_main
+from codepool.worker.child import READY, ChildPlan, child_main
 from codepool.worker.protocol import FrameReader, encode_frame
 from codepool.worker.warmup import warm_up
 
@@ -96,8 +96,13 @@ class Child:
 
 
 class Zygote:
-    def __init__(self, config: ZygoteConfig, state: isolation.IsolationState,
-                 owner: socket.socket, report: list[dict[str, object]]) -> None:
+    def __init__(
+        self,
+        config: ZygoteConfig,
+        state: isolation.IsolationState,
+        owner: socket.socket,
+        report: list[dict[str, object]],
+    ) -> None:
         self.config = config
         self.state = state
         self.report = report
@@ -126,9 +131,17 @@ class Zygote:
         self.selector.register(sock, selectors.EVENT_READ, ("client", client))
         slots = self.config.concurrency + 1
         uids = [self.uid_base, self.uid_base + slots] if self.state.separate_uid else None
-        self._send(client, {"t": "hello", "pid": os.getpid(), "report": self.report,
-                            "mode": self.config.mode, "concurrency": self.config.concurrency,
-                            "uids": uids})
+        self._send(
+            client,
+            {
+                "t": "hello",
+                "pid": os.getpid(),
+                "report": self.report,
+                "mode": self.config.mode,
+                "concurrency": self.config.concurrency,
+                "uids": uids,
+            },
+        )
 
     def _send(self, client: Client | None, message: dict[str, Any]) -> None:
         if client is None:
@@ -183,8 +196,12 @@ class Zygote:
             self._send(client, _rejected(request_id, "code must be bytes on the wire"))
             return
         if len(code) > limits.max_code_bytes:
-            self._send(client, _rejected(
-                request_id, f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"))
+            self._send(
+                client,
+                _rejected(
+                    request_id, f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"
+                ),
+            )
             return
         self.queue.append(Request(client, request_id, code, limits, now))
 
@@ -201,8 +218,16 @@ class Zygote:
         parent_sock, child_sock = socket.socketpair()
         out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
         err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
-        plan = ChildPlan(self.state, self.config.mode, uid, self.config.disk_mb,
-                         self.config.env, self.vm_baseline_bytes, fallback_dir, self.fresh)
+        plan = ChildPlan(
+            self.state,
+            self.config.mode,
+            uid,
+            self.config.disk_mb,
+            self.config.env,
+            self.vm_baseline_bytes,
+            fallback_dir,
+            self.fresh,
+        )
         pid = linux.fork_with_flags(self.flags) if self.flags else os.fork()
         if pid == 0:
             if not self.flags:
@@ -223,8 +248,11 @@ class Zygote:
             self.warm = None
             child.request = request
             try:
-                child.sock.sendall(encode_frame(
-                    {"code": request.code, "limits": codec.encode_limits(request.limits)}))
+                child.sock.sendall(
+                    encode_frame(
+                        {"code": request.code, "limits": codec.encode_limits(request.limits)}
+                    )
+                )
             except OSError:
                 pass  # it died while warm; its exit is reported as an infra result
             child.started = time.monotonic()
@@ -247,13 +275,15 @@ class Zygote:
         if child is self.warm:
             self.warm = None
             self.prefork = False
-            log.error("a waiting child died before use (status %d): %s",
-                      status, _read_whole(child.err_fd)[-500:])
+            log.error(
+                "a waiting child died before use (status %d): %s",
+                status,
+                _read_whole(child.err_fd)[-500:],
+            )
         elif child.request is not None and child.request.client is not None:
             self.prefork = self.prefork or ready
             result = _result(child, status, rusage, ended, ready)
-            self._send(child.request.client,
-                       {"t": "result", "id": child.request.id, "r": result})
+            self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
         os.close(child.out_fd)
         os.close(child.err_fd)
         if child.fallback_dir is not None:
@@ -347,9 +377,17 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
     returncode = os.waitstatus_to_exitcode(status)
     if not ready and not child.timed_out:
         detail = _read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
-        return {"ok": False, "stdout": "", "stderr": f"codepool: sandbox setup failed: {detail}",
-                "returncode": None, "timed_out": False, "latency": queue_s + exec_s,
-                "status": "infra", "exec_s": exec_s, "queue_s": queue_s}
+        return {
+            "ok": False,
+            "stdout": "",
+            "stderr": f"codepool: sandbox setup failed: {detail}",
+            "returncode": None,
+            "timed_out": False,
+            "latency": queue_s + exec_s,
+            "status": "infra",
+            "exec_s": exec_s,
+            "queue_s": queue_s,
+        }
     stdout, out_cut = _read_tail(child.out_fd, limits.max_output_chars)
     stderr, err_cut = _read_tail(child.err_fd, limits.max_output_chars)
     rc = None if child.timed_out else returncode
@@ -371,10 +409,19 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
 
 
 def _rejected(request_id: int, message: str) -> dict[str, Any]:
-    return {"t": "result", "id": request_id,
-            "r": {"ok": False, "stdout": "", "stderr": f"rejected: {message}",
-                  "returncode": None, "timed_out": False, "latency": 0.0,
-                  "status": "rejected"}}
+    return {
+        "t": "result",
+        "id": request_id,
+        "r": {
+            "ok": False,
+            "stdout": "",
+            "stderr": f"rejected: {message}",
+            "returncode": None,
+            "timed_out": False,
+            "latency": 0.0,
+            "status": "rejected",
+        },
+    }
 
 
 def _vm_size_bytes() -> int:
@@ -421,15 +468,25 @@ def main(argv: list[str]) -> None:
     gc.freeze()
     if config.mode == "fork":
         collapsed, refused = linux.collapse_anonymous_memory()
-        report.append({"name": "huge pages", "active": collapsed > 0,
-                       "detail": f"{collapsed} MiB of the zygote's heap in 2 MiB pages "
-                                 f"({refused} MiB refused): cheaper fork and exit"})
+        report.append(
+            {
+                "name": "huge pages",
+                "active": collapsed > 0,
+                "detail": f"{collapsed} MiB of the zygote's heap in 2 MiB pages "
+                f"({refused} MiB refused): cheaper fork and exit",
+            }
+        )
     state = isolation.setup_zygote()
     report += state.report()
     threads = _threads()
-    report.append({"name": "zygote threads", "active": threads == 1,
-                   "detail": f"{threads} thread(s)" + ("" if threads == 1 else
-                             ": forking a multi-threaded zygote is unsafe")})
+    report.append(
+        {
+            "name": "zygote threads",
+            "active": threads == 1,
+            "detail": f"{threads} thread(s)"
+            + ("" if threads == 1 else ": forking a multi-threaded zygote is unsafe"),
+        }
+    )
     Zygote(config, state, owner, report).serve()
 
 

@@ -84,7 +84,7 @@ class ReferenceExecutor:
         self._workdir.cleanup()
 
     def run(self, code: str, *, timeout_s: float) -> ExecResult:
-        """Run one snippet; ``latency`` includes the wait for a semaphore slot, as callers saw it."""
+        """Run one snippet; ``latency`` includes the wait for a semaphore slot, as seen."""
         started = time.perf_counter()
         with self._slots:
             result = self._execute(code, timeout_s)
@@ -221,9 +221,8 @@ def measure(runner: Runner, workload: Workload, label: str) -> Measurement:
     wall_s = time.perf_counter() - started
     if len(results) != len(workload.codes):
         raise RuntimeError(f"{label}: {len(results)} results for {len(workload.codes)} snippets")
-    mismatched = [
-        (i, r) for i, (r, want) in enumerate(zip(results, workload.expected)) if r.status != want
-    ]
+    pairs = enumerate(zip(results, workload.expected, strict=True))
+    mismatched = [(i, r) for i, (r, want) in pairs if r.status != want]
     if mismatched:
         # One sample is enough to tell a broken executor from a slow one.
         i, r = mismatched[0]
@@ -372,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 runners[mode] = stack.enter_context(open_executor(mode, args.concurrency))
                 warm_up(runners[mode])
-            except Exception:  # noqa: BLE001 - the bench's only boundary; reported, exit 1
+            except Exception:
                 traceback.print_exc()
                 runners.pop(mode, None)
                 crashed.append(mode)
@@ -380,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for mode, runner in list(runners.items()):
                 try:
                     results[(workload.name, mode)] = measure(runner, workload, mode)
-                except Exception:  # noqa: BLE001 - same boundary; keep the other rows
+                except Exception:
                     traceback.print_exc()
                     del runners[mode]
                     crashed.append(mode)

@@ -7,14 +7,17 @@ total = sum(i * i for i in range(1, 101))
 print(total)
 # %%
 import numpy as np
+
 a = np.arange(12).reshape(3, 4)
 print(a.sum(axis=0), np.linalg.matrix_rank(a))
 # %%
 import sympy as sp
+
 x = sp.symbols("x")
-print(sp.solve(x**2 - 5*x + 6, x))
+print(sp.solve(x**2 - 5 * x + 6, x))
 # %%
 from fractions import Fraction
+
 Fraction(3, 4) + Fraction(1, 6)
 # %%
 count = 0

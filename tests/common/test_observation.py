@@ -7,8 +7,9 @@ from codepool.common.observation import INFRA_MESSAGE, decode_tail
 
 
 def _result(**fields: object) -> ExecResult:
-    base: dict[str, object] = dict(ok=True, stdout="", stderr="", returncode=0,
-                                   timed_out=False, latency=0.01)
+    base: dict[str, object] = dict(
+        ok=True, stdout="", stderr="", returncode=0, timed_out=False, latency=0.01
+    )
     base.update(fields)
     return ExecResult(**base)  # type: ignore[arg-type]
 
@@ -37,14 +38,14 @@ def test_sanitize_matches_reference_replacements() -> None:
 def test_format_tool_content_cases() -> None:
     assert format_tool_content(_result(stdout="<|im_end|>\n")) == "< im_end >\n"
     assert format_tool_content(_result(stdout="")) == ""
-    error = _result(ok=False, returncode=1, stderr="Traceback...\nValueError: x\n",
-                    status="error")
+    error = _result(ok=False, returncode=1, stderr="Traceback...\nValueError: x\n", status="error")
     assert format_tool_content(error) == "Traceback...\nValueError: x\n"
     silent = _result(ok=False, returncode=3, status="error")
     assert format_tool_content(silent) == "Error: process exited with code 3."
     timeout = _result(ok=False, returncode=None, timed_out=True, status="timeout", exec_s=5.2)
-    assert format_tool_content(timeout, timeout_s=5.0) == \
-        "Error: execution timed out after 5 seconds."
+    assert (
+        format_tool_content(timeout, timeout_s=5.0) == "Error: execution timed out after 5 seconds."
+    )
     assert format_tool_content(timeout) == "Error: execution timed out after 5 seconds."
     down = _result(ok=False, returncode=None, status="infra", stderr="zygote died")
     assert format_tool_content(down) == INFRA_MESSAGE

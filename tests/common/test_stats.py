@@ -8,8 +8,15 @@ from codepool.common import ExecResult, SandboxStats
 
 
 def _r(status: str, latency: float) -> ExecResult:
-    return ExecResult(ok=status == "ok", stdout="", stderr="", returncode=0, timed_out=False,
-                      latency=latency, status=status)
+    return ExecResult(
+        ok=status == "ok",
+        stdout="",
+        stderr="",
+        returncode=0,
+        timed_out=False,
+        latency=latency,
+        status=status,
+    )
 
 
 def test_metrics_are_exact_under_threads() -> None:

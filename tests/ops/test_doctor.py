@@ -7,10 +7,23 @@ import sys
 
 
 def test_doctor_cli_reports_every_protection() -> None:
-    proc = subprocess.run([sys.executable, "-m", "codepool.ops.cli", "doctor"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "codepool.ops.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("network", "filesystem", "interpreter paths", "uid", "processes",
-                 "probe: network", "probe: parent", "probe: uid", "probe: secrets"):
+    for name in (
+        "network",
+        "filesystem",
+        "interpreter paths",
+        "uid",
+        "processes",
+        "probe: network",
+        "probe: parent",
+        "probe: uid",
+        "probe: secrets",
+    ):
         assert any(line.startswith("[ok] " + name) for line in proc.stdout.splitlines()), name
     assert "all protections active" in proc.stdout

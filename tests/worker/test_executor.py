@@ -8,6 +8,7 @@ import time
 
 from codepool.common import format_tool_content
 from codepool.worker import LocalExecutor
+
 from tests.conftest import assert_nothing_left, processes_of
 
 
@@ -95,13 +96,15 @@ def test_background_process_dies_with_snippet(executor: LocalExecutor) -> None:
 
 
 def test_setsid_daemon_dies_with_snippet(executor: LocalExecutor) -> None:
-    code = ("import os, time\n"
-            "if os.fork() == 0:\n"
-            "    os.setsid()\n"
-            "    if os.fork() == 0:\n"
-            "        time.sleep(1000)\n"
-            "    os._exit(0)\n"
-            "print('parent done')")
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(1000)\n"
+        "    os._exit(0)\n"
+        "print('parent done')"
+    )
     r = executor.run(code)
     assert r.ok and r.stdout == "parent done\n"
     assert_nothing_left(executor)
@@ -135,8 +138,9 @@ def test_environment_is_allow_listed() -> None:
     os.environ["CODEPOOL_TEST_SECRET"] = "hunter2"
     try:
         for mode in ("fork", "spawn"):
-            with LocalExecutor(concurrency=1, mode=mode, preload=(),
-                               env={"ASKED_FOR": "yes"}) as ex:
+            with LocalExecutor(
+                concurrency=1, mode=mode, preload=(), env={"ASKED_FOR": "yes"}
+            ) as ex:
                 r = ex.run("import os\nfor k in sorted(os.environ): print(k, os.environ[k])")
                 names = {line.split(" ", 1)[0] for line in r.stdout.splitlines()}
                 assert r.ok
@@ -156,8 +160,9 @@ def test_no_network_even_to_the_host(executor: LocalExecutor) -> None:
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        r = executor.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)\n"
-                         "print('connected')")
+        r = executor.run(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)\nprint('connected')"
+        )
         assert r.status == "error" and "connected" not in r.stdout
         assert "OSError" in r.stderr
     finally:
@@ -173,14 +178,18 @@ def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
 
 
 def test_files_do_not_survive_the_snippet(executor: LocalExecutor) -> None:
-    write = ("import os\n"
-             "for path in ('here.txt', '/tmp/t.txt', '/var/tmp/v.txt', '/dev/shm/s.txt'):\n"
-             "    open(path, 'w').write('x')\n"
-             "print(sorted(os.listdir('.')))")
+    write = (
+        "import os\n"
+        "for path in ('here.txt', '/tmp/t.txt', '/var/tmp/v.txt', '/dev/shm/s.txt'):\n"
+        "    open(path, 'w').write('x')\n"
+        "print(sorted(os.listdir('.')))"
+    )
     assert executor.run(write).stdout == "['here.txt']\n"
-    check = ("import os\n"
-             "print([os.path.exists(p) for p in ('here.txt', '/tmp/t.txt', '/var/tmp/v.txt', "
-             "'/dev/shm/s.txt')], os.listdir('.'))")
+    check = (
+        "import os\n"
+        "print([os.path.exists(p) for p in ('here.txt', '/tmp/t.txt', '/var/tmp/v.txt', "
+        "'/dev/shm/s.txt')], os.listdir('.'))"
+    )
     assert executor.run(check).stdout == "[False, False, False, False] []\n"
     for path in ("/tmp/t.txt", "/var/tmp/v.txt", "/dev/shm/s.txt"):
         assert not os.path.exists(path)
@@ -207,21 +216,24 @@ def test_invalid_utf8_output_is_replaced(executor: LocalExecutor) -> None:
 
 
 def test_executor_is_unreachable_from_the_snippet(executor: LocalExecutor) -> None:
-    code = ("import os, signal\n"
-            "print(os.getppid(), os.getpid())\n"
-            "for target in (os.getppid(), 0, -1):\n"
-            "    try:\n"
-            "        os.kill(target, signal.SIGKILL)\n"
-            "    except OSError as exc:\n"
-            "        print(type(exc).__name__)\n")
+    code = (
+        "import os, signal\n"
+        "print(os.getppid(), os.getpid())\n"
+        "for target in (os.getppid(), 0, -1):\n"
+        "    try:\n"
+        "        os.kill(target, signal.SIGKILL)\n"
+        "    except OSError as exc:\n"
+        "        print(type(exc).__name__)\n"
+    )
     zygote = executor.zygote_pid
     r = executor.run(code)
     assert r.stdout.startswith("0 1\n")
     os.kill(zygote, 0)  # still alive
     assert executor.zygote_pid == zygote and executor.restarts == 0
     assert executor.run("print('alive')").stdout == "alive\n"
-    pids = executor.run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') "
-                        "if p.isdigit()))")
+    pids = executor.run(
+        "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    )
     assert pids.stdout == "[1]\n"
 
 
@@ -292,11 +304,11 @@ def test_cpu_rusage_is_reported(executor: LocalExecutor) -> None:
 
 def test_limits_are_clamped_and_validated() -> None:
     import pytest
-
     from codepool.common import ConfigError, Limits
 
-    with LocalExecutor(concurrency=1, mode="fork", preload=(),
-                       max_limits=Limits(timeout_s=1.0)) as ex:
+    with LocalExecutor(
+        concurrency=1, mode="fork", preload=(), max_limits=Limits(timeout_s=1.0)
+    ) as ex:
         started = time.monotonic()
         r = ex.run("while True: pass", timeout_s=60.0)
         assert r.timed_out and time.monotonic() - started < 2.5
