@@ -86,6 +86,8 @@ class LocalExecutor:
     env / pass_env: extra variables for snippets, and names copied from this process.
     disk_mb: size of each snippet's private /tmp, /var/tmp and /dev/shm (tmpfs, MiB).
     uid_base: first uid of the per-slot snippet uids (root only).
+    namespaces: use Linux namespaces where the host allows (False forces the fallback:
+        rlimits, separate uids when root, kill and clean-up per snippet; see doctor).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class LocalExecutor:
         pass_env: Iterable[str] = (),
         disk_mb: int = 64,
         uid_base: int | None = None,
+        namespaces: bool = True,
         name: str | None = None,
         start_timeout_s: float = 120.0,
     ) -> None:
@@ -121,6 +124,7 @@ class LocalExecutor:
             uid_base=uid_base,
             disk_mb=disk_mb,
             env=self._env,
+            namespaces=namespaces,
         )
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()

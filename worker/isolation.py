@@ -14,6 +14,8 @@ under them (a venv in /tmp) bound back in, and a /proc that shows only the snipp
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ class Protection:
 class IsolationState:
     """What the zygote achieved; children consult it, ``doctor`` prints it."""
 
-    root: bool = os.geteuid() == 0
+    root: bool = field(default_factory=lambda: os.geteuid() == 0)
     netns: bool = False
     mountns: bool = False
     userns: bool = False
@@ -54,7 +56,7 @@ class IsolationState:
         return [{"name": p.name, "active": p.active, "detail": p.detail} for p in self.protections]
 
 
-def needed_paths(extra: tuple[str, ...] = ()) -> list[str]:
+def needed_paths() -> list[str]:
     """Paths the sandboxed interpreter must be able to read: prefixes, sys.path, codepool."""
     import codepool.common
     import codepool.worker
@@ -69,7 +71,6 @@ def needed_paths(extra: tuple[str, ...] = ()) -> list[str]:
         *sys.path,
         *codepool.common.__path__,
         *codepool.worker.__path__,
-        *extra,
     ]
     paths: list[str] = []
     for path in candidates:
@@ -180,12 +181,59 @@ def _bind_back(path: str, fd: int) -> None:
     linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND | linux.MS_REC)
 
 
-def setup_zygote(extra_paths: tuple[str, ...] = ()) -> IsolationState:
+def setup_zygote(*, namespaces: bool = True) -> IsolationState:
     """Enter the zygote's namespaces once; degrade and say why where the host refuses."""
     state = IsolationState()
-    if not linux.clone_supported():
+    if not namespaces:
+        state.note("namespaces", False, "disabled by configuration (namespaces=False)")
+    elif not linux.clone_supported():
         state.note("namespaces", False, "unsupported CPU architecture for clone()")
-        return state
+    else:
+        _enter_namespaces(state)
+    state.separate_uid = state.root
+    if state.separate_uid and not state.mountns:
+        hidden = [p for p in needed_paths() if _blocking_ancestor(p) is not None]
+        if hidden:
+            state.note(
+                "interpreter paths",
+                False,
+                f"without a mount namespace these stay unreadable to snippet uids (a parent "
+                f"directory is not world-searchable): {', '.join(hidden)}; only preloaded "
+                "modules import. Put the interpreter and venv under a world-readable path.",
+            )
+    if state.separate_uid:
+        state.note("uid", True, "each running snippet has its own unprivileged uid")
+    else:
+        state.note("uid", False, "not root: snippets keep the worker's uid")
+    if state.pidns:
+        state.note(
+            "processes",
+            True,
+            "PID namespace per snippet: its processes die with it, "
+            "the executor is invisible and unkillable from inside",
+        )
+        state.note("ipc", True, "IPC namespace per snippet: no SysV/POSIX IPC survives it")
+    elif state.separate_uid:
+        state.note(
+            "processes",
+            False,
+            "no PID namespace: after each snippet every process of its uid is killed and "
+            "its files in /tmp, /var/tmp and /dev/shm removed; the executor is visible",
+        )
+    else:
+        state.note(
+            "processes",
+            False,
+            "no PID namespace and no separate uid: the process group is killed, but "
+            "setsid daemons may escape and files in /tmp survive",
+        )
+    state.note("rlimits", True, "CPU, address space, processes, file size, open files, core")
+    state.note("environment", True, "allow-list only")
+    state.note("file descriptors", True, "all closed but stdio")
+    return state
+
+
+def _enter_namespaces(state: IsolationState) -> None:
     if not state.root:
         try:
             _unshare_user_namespace(state)
@@ -203,44 +251,44 @@ def setup_zygote(extra_paths: tuple[str, ...] = ()) -> IsolationState:
         state.mountns = True
     except OSError as exc:
         state.note("filesystem", False, f"cannot unshare a mount namespace ({exc})")
-    state.pidns = state.mountns and (state.root or state.userns)
-    if state.mountns:
+        return
+    state.pidns = state.root or state.userns
+    try:
+        actions = _expose(state, needed_paths())
+    except OSError as exc:
+        actions = [f"failed ({exc}); snippets may not import the venv"]
+    failed = _remount_readonly(state)
+    ro = "every mount read-only" + (f" ({failed} could not be remounted)" if failed else "")
+    state.note(
+        "filesystem",
+        True,
+        f"private mount namespace; {ro}; fresh tmpfs on {', '.join(VOLATILE_ROOTS)} per snippet",
+    )
+    state.note("interpreter paths", True, "; ".join(actions) or "all readable as they are")
+
+
+def sweep_uid(uid: int) -> None:
+    """Without PID namespaces: kill every process of ``uid`` and remove its temp files."""
+    pid = os.fork()
+    if pid == 0:
         try:
-            actions = _expose(state, needed_paths(extra_paths))
-        except OSError as exc:
-            actions = [f"failed ({exc}); snippets may not import the venv"]
-        failed = _remount_readonly(state)
-        ro = "every mount read-only" + (f" ({failed} could not be remounted)" if failed else "")
-        state.note(
-            "filesystem",
-            True,
-            f"private mount namespace; {ro}; fresh tmpfs on "
-            f"{', '.join(VOLATILE_ROOTS)} per snippet",
-        )
-        state.note("interpreter paths", True, "; ".join(actions) or "all readable as they are")
-    state.separate_uid = state.root
-    if state.separate_uid:
-        state.note("uid", True, "each running snippet has its own unprivileged uid")
-    else:
-        state.note("uid", False, "not root: snippets keep the worker's uid")
-    if state.pidns:
-        state.note(
-            "processes",
-            True,
-            "PID namespace per snippet: its processes die with it, "
-            "the executor is invisible and unkillable from inside",
-        )
-        state.note("ipc", True, "IPC namespace per snippet: no SysV/POSIX IPC survives it")
-    else:
-        state.note(
-            "processes",
-            False,
-            "no PID namespace: the process group is killed, but double-forked daemons may escape",
-        )
-    state.note("rlimits", True, "CPU, address space, processes, file size, open files, core")
-    state.note("environment", True, "allow-list only")
-    state.note("file descriptors", True, "all closed but stdio")
-    return state
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)  # as that uid, -1 reaches only that uid's processes
+        except OSError:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+    for root in VOLATILE_ROOTS:
+        for entry in os.scandir(root):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
 
 
 def clone_flags(state: IsolationState) -> int:

@@ -54,6 +54,7 @@ class ZygoteConfig:
     uid_base: int | None = None
     disk_mb: int = 64
     env: dict[str, str] = field(default_factory=dict)
+    namespaces: bool = True
     owner_fd: int = -1
 
     def to_json(self) -> str:
@@ -286,9 +287,14 @@ class Zygote:
             self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
         os.close(child.out_fd)
         os.close(child.err_fd)
+        self._clean_up_after(child)
+        self.free_slots.append(child.slot)
+
+    def _clean_up_after(self, child: Child) -> None:
         if child.fallback_dir is not None:
             shutil.rmtree(child.fallback_dir, ignore_errors=True)
-        self.free_slots.append(child.slot)
+        if not self.state.pidns and self.state.separate_uid:
+            isolation.sweep_uid(self.uid_base + child.slot)
 
     def _expire_deadlines(self) -> float | None:
         now = time.monotonic()
@@ -329,8 +335,7 @@ class Zygote:
                 os.waitpid(child.pid, 0)
             except ChildProcessError:
                 pass
-            if child.fallback_dir is not None:
-                shutil.rmtree(child.fallback_dir, ignore_errors=True)
+            self._clean_up_after(child)
 
 
 def _kill(pid: int, *, group: bool) -> None:
@@ -476,7 +481,7 @@ def main(argv: list[str]) -> None:
                 f"({refused} MiB refused): cheaper fork and exit",
             }
         )
-    state = isolation.setup_zygote()
+    state = isolation.setup_zygote(namespaces=config.namespaces)
     report += state.report()
     threads = _threads()
     report.append(
