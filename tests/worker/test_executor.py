@@ -175,6 +175,7 @@ def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
     assert executor.run(code).stdout != executor.run(code).stdout
     numpy_code = "import numpy\nprint(numpy.random.random())"
     assert executor.run(numpy_code).stdout != executor.run(numpy_code).stdout
+    assert_nothing_left(executor)
 
 
 def test_files_do_not_survive_the_snippet(executor: LocalExecutor) -> None:
@@ -201,6 +202,7 @@ def test_files_do_not_survive_the_snippet(executor: LocalExecutor) -> None:
 def test_input_sees_eof(executor: LocalExecutor) -> None:
     r = executor.run("input()")
     assert r.status == "error" and r.stderr.endswith("EOFError: EOF when reading a line\n")
+    assert_nothing_left(executor)
 
 
 def test_segfault_is_a_signal(executor: LocalExecutor) -> None:
@@ -213,6 +215,7 @@ def test_segfault_is_a_signal(executor: LocalExecutor) -> None:
 def test_invalid_utf8_output_is_replaced(executor: LocalExecutor) -> None:
     r = executor.run("import sys\nsys.stdout.buffer.write(b'a\\xff\\xfeb\\n')")
     assert r.ok and r.stdout == "a\ufffd\ufffdb\n"
+    assert_nothing_left(executor)
 
 
 def test_executor_is_unreachable_from_the_snippet(executor: LocalExecutor) -> None:
@@ -235,12 +238,14 @@ def test_executor_is_unreachable_from_the_snippet(executor: LocalExecutor) -> No
         "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
     )
     assert pids.stdout == "[1]\n"
+    assert_nothing_left(executor)
 
 
 def test_only_stdio_is_open(executor: LocalExecutor) -> None:
     r = executor.run("import os\nprint(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
     # listdir itself holds one fd open while it reads the directory.
     assert r.stdout == "[0, 1, 2, 3]\n"
+    assert_nothing_left(executor)
 
 
 def test_runs_as_unprivileged_uid(executor: LocalExecutor) -> None:
@@ -249,12 +254,14 @@ def test_runs_as_unprivileged_uid(executor: LocalExecutor) -> None:
     assert int(uid) in executor.snippet_uids and int(euid) == int(uid)
     assert groups.strip() == "[]"
     assert executor.run("import os\nos.listdir('/root')\nopen('/root/x', 'w')").status == "error"
+    assert_nothing_left(executor)
 
 
 def test_stdlib_and_venv_imports_work(executor: LocalExecutor) -> None:
     r = executor.run("import json, decimal, fractions, sqlite3, msgpack\nprint(json.dumps([1]))")
     assert r.ok, r.stderr
     assert r.stdout == "[1]\n"
+    assert_nothing_left(executor)
 
 
 def test_bad_input_is_rejected_or_an_error(executor: LocalExecutor) -> None:
@@ -268,6 +275,7 @@ def test_bad_input_is_rejected_or_an_error(executor: LocalExecutor) -> None:
     surrogate = executor.run("print('\udc80')")
     assert surrogate.status == "error" and "SyntaxError" in surrogate.stderr
     assert executor.run("print('alive')").stdout == "alive\n"
+    assert_nothing_left(executor)
 
 
 def test_run_many_keeps_order_and_concurrency_cap(executor: LocalExecutor) -> None:
@@ -277,6 +285,7 @@ def test_run_many_keeps_order_and_concurrency_cap(executor: LocalExecutor) -> No
     elapsed = time.monotonic() - started
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
     assert elapsed >= 0.9, "6 x 0.3 s on 2 slots cannot finish in under 0.9 s"
+    assert_nothing_left(executor)
 
 
 def test_straggler_holds_one_slot_only(executor: LocalExecutor) -> None:
@@ -287,6 +296,7 @@ def test_straggler_holds_one_slot_only(executor: LocalExecutor) -> None:
     assert time.monotonic() - started < 2.5
     assert not slow.done()
     assert slow.result().stdout == "slow\n"
+    assert_nothing_left(executor)
 
 
 def test_many_threads_at_once(executor: LocalExecutor) -> None:
@@ -295,11 +305,13 @@ def test_many_threads_at_once(executor: LocalExecutor) -> None:
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: executor.run(f"print({i} * 2)"), range(64)))
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(64)]
+    assert_nothing_left(executor)
 
 
 def test_cpu_rusage_is_reported(executor: LocalExecutor) -> None:
     r = executor.run("x = 0\nfor i in range(3 * 10**6):\n    x += i")
     assert r.ok and r.cpu_s > 0.05 and r.max_rss_kb > 0
+    assert_nothing_left(executor)
 
 
 def test_limits_are_clamped_and_validated() -> None:
@@ -362,3 +374,4 @@ def test_no_fd_leak_across_many_snippets(executor: LocalExecutor) -> None:
     before = len(os.listdir("/proc/self/fd"))
     executor.run_many(["print(1)"] * 50)
     assert len(os.listdir("/proc/self/fd")) <= before + 2
+    assert_nothing_left(executor)
