@@ -56,6 +56,7 @@ class ZygoteConfig:
     env: dict[str, str] = field(default_factory=dict)
     namespaces: bool = True
     owner_fd: int = -1
+    listen_fd: int = -1  # optional: more clients (the worker's dispatchers) connect here
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -123,6 +124,10 @@ class Zygote:
         # setup does not spin cloning children nobody asked for.
         self.prefork = True
         self._add_client(owner, owner=True)
+        if config.listen_fd >= 0:
+            self.listener: socket.socket | None = socket.socket(fileno=config.listen_fd)
+            self.listener.set_inheritable(False)
+            self.selector.register(self.listener, selectors.EVENT_READ, ("listener", None))
 
     # -- clients -------------------------------------------------------------------
 
@@ -143,6 +148,16 @@ class Zygote:
                 "uids": uids,
             },
         )
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            sock, _ = self.listener.accept()
+        except OSError as exc:
+            log.warning("accept failed: %s", exc)
+            return
+        sock.set_inheritable(False)
+        self._add_client(sock, owner=False)
 
     def _send(self, client: Client | None, message: dict[str, Any]) -> None:
         if client is None:
@@ -321,6 +336,8 @@ class Zygote:
                     kind, obj = key.data
                     if kind == "client":
                         self._on_client(obj)
+                    elif kind == "listener":
+                        self._accept()
                     else:
                         self._on_child_exit(obj)
         finally:

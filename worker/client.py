@@ -1,0 +1,283 @@
+"""ZygoteClient: submit snippets to a zygote over its socket (thread-safe).
+
+Both the executor that owns a zygote (LocalExecutor) and the RQ dispatchers that share
+one on the same host (AttachedExecutor) are clients. Any number of threads may call
+``submit``/``run``/``run_many`` at once. If the connection is lost, the client gets a new
+one (the owner restarts the zygote; an attached client reconnects) and re-sends what was
+in flight once; a snippet lost twice comes back with ``status="infra"``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from codepool.common.errors import ExecutorError
+from codepool.common.limits import Limits
+from codepool.common.result import ExecResult, infra, rejected
+from codepool.worker.protocol import FrameReader, encode_frame, recv_one
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2
+
+
+@dataclass
+class _Pending:
+    future: Future[ExecResult]
+    code: bytes
+    limits: Limits
+    submitted: float
+    attempts: int = 0
+    generation: int = -1  # which connection it was last sent on
+
+
+class ZygoteClient:
+    """The client side of the zygote protocol; subclasses say how to connect."""
+
+    def __init__(self, *, limits: Limits | None, max_limits: Limits | None,
+                 name: str | None) -> None:
+        self.limits = limits or Limits()
+        self.max_limits = max_limits or self.limits
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._closing = False
+        self._sock: socket.socket | None = None
+        self._reader: threading.Thread | None = None
+        self._generation = 0
+        self._reconnecting = False
+        self.report: list[dict[str, Any]] = []
+        self.zygote_pid = 0
+        self.concurrency = 0
+        self.snippet_uids: range = range(0)  # uids snippets run as (empty: worker's own)
+        self.restarts = 0
+
+    # -- subclass hooks --------------------------------------------------------------
+
+    def _open(self) -> socket.socket:
+        """A connected socket to a zygote whose hello has not been read yet."""
+        raise NotImplementedError
+
+    def _lost(self) -> None:
+        """Called (reader thread) after the connection was lost, before reconnecting."""
+
+    def _shutdown(self) -> None:
+        """Called by close() after the socket is shut down."""
+
+    # -- public API ------------------------------------------------------------------
+
+    def submit(self, code: Any, **limits: Any) -> Future[ExecResult]:
+        """Queue one snippet; the future resolves to its ExecResult. Never raises for bad
+        code (that is a ``rejected`` result); raises ConfigError for bad limit keywords."""
+        return self.submit_limited(code, self.limits.with_overrides(**limits))
+
+    def submit_limited(self, code: Any, limits: Limits) -> Future[ExecResult]:
+        """Like submit, with complete Limits (clamped to ``max_limits``)."""
+        effective = limits.clamp(self.max_limits)
+        future: Future[ExecResult] = Future()
+        if not isinstance(code, str):
+            future.set_result(
+                rejected(f"rejected: code must be str, got {type(code).__name__}", worker=self.name)
+            )
+            return future
+        # surrogatepass keeps lone surrogates; the child's compile() reports them as
+        # Python reports undecodable source.
+        data = code.encode("utf-8", "surrogatepass")
+        if len(data) > effective.max_code_bytes:
+            future.set_result(
+                rejected(
+                    f"rejected: code is {len(data)} bytes, over the {effective.max_code_bytes} "
+                    "byte limit",
+                    worker=self.name,
+                )
+            )
+            return future
+        pending = _Pending(future, data, effective, time.monotonic())
+        with self._lock:
+            if self._closing:
+                raise ExecutorError("executor is closed")
+            request_id = next(self._ids)
+            self._pending[request_id] = pending
+            sock, generation, reconnecting = self._sock, self._generation, self._reconnecting
+        if sock is not None:
+            self._send(sock, generation, request_id, pending)
+        elif not reconnecting:
+            self._finish(
+                request_id, infra("codepool: the executor's zygote is down", worker=self.name)
+            )
+        # else: the reconnect re-sends everything still pending
+        return future
+
+    def run(self, code: Any, **limits: Any) -> ExecResult:
+        """Run one snippet and wait for its result. Keywords: Limits fields."""
+        return self.submit(code, **limits).result()
+
+    def run_many(self, codes: Iterable[Any], **limits: Any) -> list[ExecResult]:
+        """Run snippets concurrently (up to ``concurrency``); results in input order."""
+        futures = [self.submit(code, **limits) for code in codes]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Disconnect; pending calls come back as infra."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            sock, reader = self._sock, self._reader
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._shutdown()
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=10)
+        if sock is not None:
+            sock.close()
+        self._fail_all("codepool: executor closed before this snippet finished")
+
+    # -- connection ------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Open a connection, read the hello, start its reader, re-send what is pending."""
+        sock = self._open()
+        try:
+            hello = recv_one(sock, FrameReader())
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ExecutorError(f"no hello from the zygote: {exc}") from exc
+        if hello is None or hello.get("t") != "hello":
+            sock.close()
+            raise ExecutorError("the zygote closed the connection before saying hello")
+        sock.settimeout(None)
+        self.report = list(hello["report"])
+        self.zygote_pid = int(hello["pid"])
+        self.concurrency = int(hello["concurrency"])
+        uids = hello.get("uids")
+        self.snippet_uids = range(uids[0], uids[1]) if uids else range(0)
+        reader = threading.Thread(
+            target=self._read_results, args=(sock,), name="codepool-executor-reader", daemon=True
+        )
+        with self._lock:
+            self._sock, self._reader = sock, reader
+            self._generation += 1
+            generation = self._generation
+            # Taken with the swap, so a concurrent submit is never sent twice.
+            unsent = [(i, p) for i, p in self._pending.items() if p.generation < generation]
+            self._reconnecting = False
+        reader.start()
+        for request_id, pending in unsent:
+            if pending.attempts >= MAX_ATTEMPTS:
+                message = "codepool: the executor failed twice while running this snippet"
+                self._finish(request_id, infra(message, worker=self.name))
+            else:
+                self._send(sock, generation, request_id, pending)
+
+    def _read_results(self, sock: socket.socket) -> None:
+        reader = FrameReader()
+        while True:
+            try:
+                data = sock.recv(1 << 20)
+                messages = reader.feed(data) if data else None
+            except (OSError, ValueError) as exc:
+                log.error("lost the zygote connection: %s", exc)
+                messages = None
+            if messages is None:
+                break
+            for message in messages:
+                if message.get("t") == "result":
+                    self._on_result(message["id"], message["r"])
+        self._lost()
+        with self._lock:
+            if self._closing:
+                return
+            self._sock = None
+            self._reconnecting = True
+        self.restarts += 1
+        try:
+            self._connect()
+        except ExecutorError as exc:
+            with self._lock:
+                self._reconnecting = False
+            self._fail_all(f"codepool: could not get the zygote back: {exc}")
+
+    def _send(
+        self, sock: socket.socket, generation: int, request_id: int, pending: _Pending
+    ) -> None:
+        pending.attempts += 1
+        pending.generation = generation
+        frame = encode_frame(
+            {"t": "run", "id": request_id, "code": pending.code, "limits": pending.limits.to_dict()}
+        )
+        try:
+            with self._send_lock:
+                sock.sendall(frame)
+        except OSError:
+            pass  # the reader sees the zygote die and re-sends or fails this request
+
+    def _on_result(self, request_id: int, record: dict[str, Any]) -> None:
+        with self._lock:
+            pending = self._pending.get(request_id)
+        if pending is None:
+            return
+        record = dict(record, latency=time.monotonic() - pending.submitted, worker=self.name)
+        self._finish(request_id, ExecResult.from_dict(record))
+
+    def _finish(self, request_id: int, result: ExecResult) -> None:
+        with self._lock:
+            pending = self._pending.pop(request_id, None)
+        if pending is not None and not pending.future.done():
+            pending.future.set_result(result)
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            ids = list(self._pending)
+        for request_id in ids:
+            self._finish(request_id, infra(message, worker=self.name))
+
+    def __enter__(self) -> ZygoteClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AttachedExecutor(ZygoteClient):
+    """A client of a zygote another process owns (``codepool worker``'s dispatchers).
+
+    path: the zygote's Unix socket. reconnect_timeout_s: how long to keep trying when
+    the zygote is being restarted by its owner.
+    """
+
+    def __init__(self, path: str, *, limits: Limits | None = None,
+                 max_limits: Limits | None = None, name: str | None = None,
+                 reconnect_timeout_s: float = 120.0) -> None:
+        super().__init__(limits=limits, max_limits=max_limits, name=name)
+        self.path = path
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self._connect()
+
+    def _open(self) -> socket.socket:
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.path)
+                sock.settimeout(self.reconnect_timeout_s)
+                return sock
+            except OSError as exc:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise ExecutorError(f"cannot connect to the zygote at {self.path}: {exc}")
+                time.sleep(0.1)
