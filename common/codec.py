@@ -54,6 +54,19 @@ def decode_result(data: bytes) -> ExecResult:
         raise WireError(f"malformed ExecResult record: {exc}") from exc
 
 
+def encode_done_entry(index: int, result_blob: bytes) -> bytes:
+    """A done-list entry: the snippet index and its encoded ExecResult."""
+    return dumps([index, result_blob])
+
+
+def decode_done_entry(data: bytes) -> tuple[int, ExecResult]:
+    entry = loads(data)
+    if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], int)
+            or not isinstance(entry[1], bytes)):
+        raise WireError("malformed done-list entry")
+    return entry[0], decode_result(entry[1])
+
+
 def encode_limits(limits: Limits) -> dict[str, Any]:
     return limits.to_dict()
 

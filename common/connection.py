@@ -1,0 +1,24 @@
+"""Redis clients with explicit timeouts (redis-py 8 defaults to 5 s, too short for
+blocking reads and too long to notice a dead server on ordinary ones)."""
+
+from __future__ import annotations
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from codepool.common.settings import Settings
+
+
+def redis_client(settings: Settings, *, block_s: float = 0.0) -> redis.Redis:
+    """A client for ``settings.redis_url``; ``block_s`` is the longest blocking command
+    this client will issue, added to its socket timeout."""
+    return redis.Redis.from_url(
+        settings.redis_url,
+        socket_timeout=settings.socket_timeout_s + block_s,
+        socket_connect_timeout=settings.connect_timeout_s,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=3),
+        retry_on_error=[redis.exceptions.ConnectionError],
+    )

@@ -1,0 +1,73 @@
+"""Explicit configuration: one frozen dataclass, read from the environment on request."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from codepool.common.errors import ConfigError
+from codepool.common.keys import DEFAULT_PREFIX, DEFAULT_QUEUE, Keys
+
+DEFAULT_URL = "redis://localhost:6379/0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where Redis is and how codepool uses it. Times in seconds.
+
+    batch_ttl_s: lifetime of a batch's results hash and done list.
+    job_result_ttl_s / job_failure_ttl_s: RQ's own records of finished / failed jobs.
+    socket_timeout_s: redis-py socket timeout for ordinary commands (blocking reads
+        add their own block time to it).
+    stats_flush_s: dispatchers flush aggregated counters at least this often.
+    minute_stats_ttl_s: lifetime of the per-minute counters.
+    max_batch_snippets: largest batch a producer may submit / a worker accepts.
+    """
+
+    redis_url: str = DEFAULT_URL
+    prefix: str = DEFAULT_PREFIX
+    queue: str = DEFAULT_QUEUE
+    batch_ttl_s: int = 3600
+    job_result_ttl_s: int = 60
+    job_failure_ttl_s: int = 3600
+    socket_timeout_s: float = 30.0
+    connect_timeout_s: float = 5.0
+    stats_flush_s: float = 1.0
+    minute_stats_ttl_s: int = 2 * 86400
+    max_batch_snippets: int = 10_000
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.prefix)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """``REDIS_URL`` and ``CODEPOOL_<FIELD>`` (upper case) override the defaults;
+        keyword ``overrides`` that are not None override both."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        if "REDIS_URL" in env:
+            values["redis_url"] = env["REDIS_URL"]
+        for field in dataclasses.fields(cls):
+            name = f"CODEPOOL_{field.name.upper()}"
+            if name in env:
+                values[field.name] = _parse(field.name, field.type, env[name])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _parse(name: str, kind: Any, raw: str) -> Any:
+    try:
+        if kind in ("int", int):
+            return int(raw)
+        if kind in ("float", float):
+            return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"CODEPOOL_{name.upper()}={raw!r} is not a number") from exc
+    return raw

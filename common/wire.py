@@ -1,0 +1,88 @@
+"""The batch record producers enqueue and workers run (one RQ job per batch)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from codepool.common import codec
+from codepool.common.errors import WireError
+from codepool.common.limits import Limits
+
+SCHEMA_VERSION = 1
+# The only function a codepool worker will run; RQ jobs naming anything else are refused.
+JOB_FUNCTION = "codepool.worker.job.run_batch"
+RUN_TAG_MAX_CHARS = 128
+_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def new_batch_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """One producer's batch. ``codes`` entries are UTF-8 (lone surrogates kept) or None
+    for an entry that was not a string; the worker answers those with ``rejected``."""
+
+    batch_id: str
+    codes: tuple[bytes | None, ...]
+    limits: Limits
+    run: str = ""
+    submitted_at: float = 0.0
+
+    @classmethod
+    def from_codes(cls, batch_id: str, codes: list[Any], limits: Limits, run: str,
+                   submitted_at: float) -> BatchJob:
+        encoded = tuple(
+            c.encode("utf-8", "surrogatepass") if isinstance(c, str) else None for c in codes
+        )
+        return cls(batch_id, encoded, limits, run, submitted_at)
+
+    def encode(self) -> bytes:
+        return codec.dumps({
+            "v": SCHEMA_VERSION,
+            "batch_id": self.batch_id,
+            "codes": list(self.codes),
+            "limits": codec.encode_limits(self.limits),
+            "run": self.run,
+            "submitted_at": self.submitted_at,
+        })
+
+    @classmethod
+    def decode(cls, data: Any) -> BatchJob:
+        """Validate and decode; raise WireError saying what is wrong."""
+        if not isinstance(data, bytes):
+            raise WireError(f"batch payload must be bytes, got {type(data).__name__}")
+        record = codec.loads(data)
+        if not isinstance(record, dict):
+            raise WireError("batch payload is not a map")
+        if record.get("v") != SCHEMA_VERSION:
+            raise WireError(f"batch schema version {record.get('v')!r}, expected {SCHEMA_VERSION}")
+        batch_id, codes, run = record.get("batch_id"), record.get("codes"), record.get("run", "")
+        if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
+            raise WireError("batch_id must be 1-64 characters of [A-Za-z0-9_.-]")
+        if not isinstance(codes, list):
+            raise WireError("codes must be a list")
+        if not isinstance(run, str) or len(run) > RUN_TAG_MAX_CHARS:
+            raise WireError(f"run must be a string of at most {RUN_TAG_MAX_CHARS} chars")
+        submitted_at = record.get("submitted_at", 0.0)
+        if not isinstance(submitted_at, (int, float)):
+            raise WireError("submitted_at must be a number")
+        return cls(
+            batch_id=batch_id,
+            codes=tuple(_code_bytes(c) for c in codes),
+            limits=codec.decode_limits(record.get("limits")),
+            run=run,
+            submitted_at=float(submitted_at),
+        )
+
+
+def _code_bytes(code: Any) -> bytes | None:
+    if isinstance(code, bytes):
+        return code
+    if isinstance(code, str):
+        return code.encode("utf-8", "surrogatepass")
+    return None

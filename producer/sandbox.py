@@ -1,0 +1,160 @@
+"""RemoteSandbox: drop-in for the reference ``LocalPythonSandbox``, backed by the pool.
+
+Concurrent ``arun_code``/``run_code`` calls are coalesced: the first call of a burst
+waits ``linger_s`` for company, then up to ``max_batch`` calls go out as one batch (one
+RQ job). So a rollout's ``asyncio.gather(*(sb.arun_code(c) for c in codes))`` becomes one
+or a few jobs. Calls resolve concurrent futures from background threads, so the same
+sandbox works under a new ``asyncio.run`` per step, and from plain threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from codepool.common.errors import CodepoolError
+from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
+from codepool.common.result import ExecResult, infra
+from codepool.common.settings import Settings
+from codepool.common.stats import SandboxStats
+from codepool.producer.pool import Batch, CodePool
+
+log = logging.getLogger(__name__)
+
+_Call = tuple[Any, "Future[ExecResult]", float]
+
+
+class RemoteSandbox:
+    """The reference sandbox API (``run_code``, ``arun_code``, ``format_tool_content``,
+    ``stats.metrics()``) over a remote codepool.
+
+    url: Redis URL (default ``$REDIS_URL``). timeout: seconds per snippet.
+    run: run tag for the pool's per-run stats. linger_s / max_batch: coalescing.
+    deadline_s: how long to wait for a batch before its missing results become infra
+        (default: timeout plus a margin for queueing). Other keywords: Limits fields.
+    """
+
+    def __init__(self, url: str | None = None, timeout: float = 30.0, *, run: str = "",
+                 linger_s: float = 0.001, max_batch: int = 256,
+                 deadline_s: float | None = None, max_collectors: int = 64,
+                 markers: Mapping[str, str] = DEFAULT_MARKERS,
+                 settings: Settings | None = None, **limits: Any) -> None:
+        self.timeout = timeout
+        self.run = run
+        self.linger_s = linger_s
+        self.max_batch = max_batch
+        self.deadline_s = deadline_s if deadline_s is not None else timeout + 300.0
+        self.markers = markers
+        self.limits = dict(limits, timeout_s=timeout)
+        self.pool = CodePool(url, settings=settings)
+        self.stats = SandboxStats()
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._collectors = ThreadPoolExecutor(max_collectors,
+                                              thread_name_prefix="codepool-collect")
+        self._closed = False
+        self._count_lock = threading.Lock()
+        self._in_flight = 0  # calls submitted in batches and not yet resolved
+        self._batcher = threading.Thread(target=self._coalesce, name="codepool-coalesce",
+                                         daemon=True)
+        self._batcher.start()
+
+    def submit(self, code: Any) -> Future[ExecResult]:
+        """Queue one snippet for the next batch; the future resolves to its result."""
+        if self._closed:
+            raise CodepoolError("RemoteSandbox is closed")
+        future: Future[ExecResult] = Future()
+        self._calls.put((code, future, time.monotonic()))
+        return future
+
+    def run_code(self, code: str) -> ExecResult:
+        return self.submit(code).result()
+
+    async def arun_code(self, code: str) -> ExecResult:
+        # wrap_future binds to whichever loop awaits, so asyncio.run per step works.
+        return await asyncio.wrap_future(self.submit(code))
+
+    def format_tool_content(self, result: ExecResult) -> str:
+        return format_tool_content(result, timeout_s=self.timeout, markers=self.markers)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._calls.put(None)
+        self._batcher.join(timeout=10)
+        self._collectors.shutdown(wait=True)
+        self.pool.close()
+
+    def __enter__(self) -> RemoteSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _coalesce(self) -> None:
+        while True:
+            first = self._calls.get()
+            if first is None:
+                return
+            calls = [first]
+            # Linger for company only when calls are already in flight (a rollout's
+            # burst); a lone call on an idle sandbox goes out at once.
+            stop = self._gather_more(calls, linger=self._in_flight > 0)
+            self._dispatch(calls)
+            if stop:
+                return
+
+    def _gather_more(self, calls: list[_Call], *, linger: bool) -> bool:
+        """Add calls arriving within the linger to ``calls``; True if close was asked."""
+        deadline = time.monotonic() + (self.linger_s if linger else 0.0)
+        while len(calls) < self.max_batch:
+            remaining = deadline - time.monotonic()
+            try:
+                call = self._calls.get(timeout=remaining) if remaining > 0 else \
+                    self._calls.get_nowait()
+            except queue.Empty:
+                return False
+            if call is None:
+                return True
+            calls.append(call)
+        return False
+
+    def _dispatch(self, calls: list[_Call]) -> None:
+        try:
+            batch = self.pool.submit([code for code, _, _ in calls], run=self.run,
+                                     **self.limits)
+        except CodepoolError as exc:
+            log.error("could not submit a batch of %d snippets: %s", len(calls), exc)
+            with self._count_lock:
+                self._in_flight += len(calls)
+            for call in calls:
+                self._resolve(call, infra(f"codepool: {exc}"))
+            return
+        with self._count_lock:
+            self._in_flight += len(calls)
+        self._collectors.submit(self._collect, batch, calls)
+
+    def _collect(self, batch: Batch, calls: list[_Call]) -> None:
+        try:
+            for index, result in batch.as_completed(self.deadline_s):
+                self._resolve(calls[index], result)
+        except Exception as exc:  # a collector must never leave a caller hanging
+            log.exception("batch %s: collecting results failed", batch.id)
+            for call in calls:
+                if not call[1].done():
+                    self._resolve(call, infra(f"codepool: {exc}"))
+
+    def _resolve(self, call: _Call, result: ExecResult) -> None:
+        _, future, started = call
+        # latency as the reference measured it: around the caller's call.
+        result = result.replace(latency=time.monotonic() - started)
+        self.stats.record(result)
+        with self._count_lock:
+            self._in_flight -= 1
+        future.set_result(result)

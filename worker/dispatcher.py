@@ -1,0 +1,95 @@
+"""One dispatcher process of ``codepool worker``: an RQ worker that runs batch jobs in
+process (no fork per job) on the host's shared executor.
+
+Run as ``python -m codepool.worker.dispatcher CONFIG_JSON`` by the worker host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rq import Queue, SimpleWorker
+from rq.job import Job
+
+from codepool.common.codec import MsgpackSerializer
+from codepool.common.connection import redis_client
+from codepool.common.limits import Limits
+from codepool.common.settings import Settings
+from codepool.common.wire import JOB_FUNCTION
+from codepool.worker.client import AttachedExecutor
+from codepool.worker.job import BatchRunner, CodepoolJob
+from codepool.worker.stats import StatsBuffer
+
+log = logging.getLogger(__name__)
+
+# RQ blocks in BLMOVE for worker_ttl - 15 s; the socket timeout must outlast that.
+WORKER_TTL_S = 35
+
+
+@dataclass
+class DispatcherConfig:
+    settings: dict[str, Any]
+    socket_path: str
+    name: str
+    host: str
+    max_limits: dict[str, Any]
+    burst: bool = False
+    log_level: str = "INFO"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DispatcherConfig:
+        return cls(**json.loads(text))
+
+
+class Dispatcher(SimpleWorker):
+    """An RQ SimpleWorker whose jobs can only be codepool batches."""
+
+    runner: BatchRunner | None = None
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        if job.func_name != JOB_FUNCTION:
+            log.error("refusing job %s: it names %r, not codepool's job function", job.id,
+                      job.func_name)
+        elif isinstance(job, CodepoolJob) and self.runner is not None:
+            job.runner = self.runner
+            # Snippets start now and run while RQ does its per-job bookkeeping.
+            job.execution = self.runner.prestart(job)
+        super().execute_job(job, queue)
+
+
+def main(argv: list[str]) -> int:
+    config = DispatcherConfig.from_json(argv[1])
+    logging.basicConfig(level=config.log_level,
+                        format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s")
+    settings = Settings(**config.settings)
+    block_s = WORKER_TTL_S - 15
+    conn = redis_client(settings, block_s=block_s)
+    executor = AttachedExecutor(config.socket_path, name=config.host)
+    stats = StatsBuffer(conn, settings.keys, config.host, flush_s=settings.stats_flush_s,
+                        minute_ttl_s=settings.minute_stats_ttl_s)
+    queue = Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
+    worker = Dispatcher([queue], connection=conn, name=config.name, serializer=MsgpackSerializer,
+                        job_class=CodepoolJob, worker_ttl=WORKER_TTL_S, log_job_description=False)
+    worker.runner = BatchRunner(executor=executor, conn=conn, settings=settings, stats=stats,
+                                max_limits=Limits.from_dict(config.max_limits),
+                                stop_requested=lambda: bool(worker._stop_requested))
+    stats.start()
+    try:
+        # RQ logs several INFO lines per job; one per batch (ours) is enough.
+        rq_level = "DEBUG" if config.log_level == "DEBUG" else "WARNING"
+        worker.work(burst=config.burst, logging_level=rq_level)
+    finally:
+        stats.stop()
+        executor.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,180 @@
+"""``codepool worker``: one host's executor shared by K RQ dispatcher processes.
+
+The host process owns the LocalExecutor (the zygote and its N slots) and starts K
+dispatchers, each an RQ SimpleWorker on the queue that attaches to the zygote's socket.
+A batch holding a straggler therefore keeps one slot, not the host: the other
+dispatchers go on taking batches. Signals: the first SIGTERM/SIGINT asks dispatchers to
+finish their in-flight snippets (the rest of a batch is re-enqueued) and exit; the
+second kills them at once. Dispatchers that die are restarted with fresh names, so a
+kill -9 never leaves a stale name to crash-loop on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from types import FrameType
+
+import redis
+
+from codepool.common.connection import redis_client
+from codepool.common.limits import Limits
+from codepool.common.settings import Settings
+from codepool.worker.dispatcher import DispatcherConfig
+from codepool.worker.executor import LocalExecutor
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_EVERY_S = 5.0
+STOP_GRACE_S = 600.0
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What ``codepool worker`` was asked for."""
+
+    concurrency: int = 2
+    dispatchers: int = 0  # 0: one per slot, at least 2
+    mode: str = "fork"
+    preload: tuple[str, ...] = ("numpy", "sympy")
+    burst: bool = False
+    name: str = ""
+    max_limits: Limits = Limits()
+    log_level: str = "INFO"
+
+
+class WorkerHost:
+    def __init__(self, settings: Settings, options: WorkerOptions) -> None:
+        self.settings = settings
+        self.options = options
+        self.name = options.name or f"{socket.gethostname()}.{os.getpid()}"
+        self.dispatcher_count = options.dispatchers or max(2, options.concurrency)
+        self.signals = 0
+        self.dispatchers: dict[int, subprocess.Popen[bytes]] = {}
+        self._serial = 0
+        self._dir = tempfile.mkdtemp(prefix="codepool-worker-")  # 0700
+        self.executor: LocalExecutor | None = None
+        self.conn: redis.Redis = redis_client(settings)
+
+    def serve(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self.executor = LocalExecutor(
+                concurrency=self.options.concurrency,
+                mode=self.options.mode,
+                preload=self.options.preload,
+                max_limits=self.options.max_limits,
+                listen_path=os.path.join(self._dir, "zygote.sock"),
+                name=self.name,
+            )
+            log.info("worker %s: %d slots (%s mode), %d dispatchers on queue %r", self.name,
+                     self.options.concurrency, self.options.mode, self.dispatcher_count,
+                     self.settings.queue)
+            for slot in range(self.dispatcher_count):
+                self._start_dispatcher(slot)
+            self._supervise()
+        finally:
+            self._stop_dispatchers()
+            if self.executor is not None:
+                self.executor.close()
+            self._forget()
+            shutil.rmtree(self._dir, ignore_errors=True)
+        return 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("worker %s: %s: finishing in-flight snippets, then exiting", self.name,
+                     signal.Signals(signum).name)
+            for process in self.dispatchers.values():
+                _signal(process, signal.SIGTERM)
+        else:
+            log.warning("worker %s: second signal: stopping now", self.name)
+            for process in self.dispatchers.values():
+                _signal(process, signal.SIGKILL)
+
+    def _start_dispatcher(self, slot: int) -> None:
+        self._serial += 1
+        assert self.executor is not None
+        config = DispatcherConfig(
+            settings=asdict(self.settings),
+            socket_path=os.path.join(self._dir, "zygote.sock"),
+            # Unique per start: RQ refuses a live name, and a killed one lingers until TTL.
+            name=f"{self.name}.{slot}.{self._serial}",
+            host=self.name,
+            max_limits=self.options.max_limits.to_dict(),
+            burst=self.options.burst,
+            log_level=self.options.log_level,
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "codepool.worker.dispatcher", config.to_json()],
+            stdin=subprocess.DEVNULL,
+        )
+        self.dispatchers[slot] = process
+
+    def _supervise(self) -> None:
+        last_beat = 0.0
+        while self.dispatchers:
+            if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
+                self._heartbeat()
+                last_beat = time.monotonic()
+            time.sleep(0.2)
+            for slot, process in list(self.dispatchers.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                del self.dispatchers[slot]
+                if self.signals or self.options.burst:
+                    continue
+                log.error("worker %s: dispatcher %d exited with %s; restarting it", self.name,
+                          slot, code)
+                self._start_dispatcher(slot)
+
+    def _stop_dispatchers(self) -> None:
+        for process in self.dispatchers.values():
+            _signal(process, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in self.dispatchers.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _heartbeat(self) -> None:
+        keys = self.settings.keys
+        now = time.time()
+        try:
+            with self.conn.pipeline(transaction=False) as pipe:
+                pipe.zadd(keys.workers(), {self.name: now})
+                pipe.hset(keys.worker_stats(self.name), mapping={
+                    "heartbeat": int(now),
+                    "slots": self.options.concurrency,
+                    "dispatchers": self.dispatcher_count,
+                    "mode": self.options.mode,
+                })
+                pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("worker %s: heartbeat failed: %s", self.name, exc)
+
+    def _forget(self) -> None:
+        try:
+            self.conn.zrem(self.settings.keys.workers(), self.name)
+        except redis.RedisError:
+            pass
+
+
+def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        process.send_signal(signum)
+    except ProcessLookupError:
+        pass
