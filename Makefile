@@ -30,4 +30,4 @@ lint: $(BIN)/codepool
 	$(BIN)/ruff format --check .
 	rm -rf build/typecheck && mkdir -p build/typecheck/codepool
 	for d in common worker producer ops; do ln -s ../../../$$d build/typecheck/codepool/$$d; done
-	cd build/typecheck && MYPYPATH=. ../../$(BIN)/mypy --strict --exclude examples/ -p codepool.common -p codepool.worker -p codepool.ops
+	cd build/typecheck && MYPYPATH=. ../../$(BIN)/mypy --strict --exclude examples/ -p codepool.common -p codepool.producer -p codepool.worker -p codepool.ops

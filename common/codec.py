@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+
 from codepool.common.errors import ConfigError, WireError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult
@@ -61,8 +62,12 @@ def encode_done_entry(index: int, result_blob: bytes) -> bytes:
 
 def decode_done_entry(data: bytes) -> tuple[int, ExecResult]:
     entry = loads(data)
-    if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], int)
-            or not isinstance(entry[1], bytes)):
+    if (
+        not isinstance(entry, list)
+        or len(entry) != 2
+        or not isinstance(entry[0], int)
+        or not isinstance(entry[1], bytes)
+    ):
         raise WireError("malformed done-list entry")
     return entry[0], decode_result(entry[1])
 

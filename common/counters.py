@@ -26,8 +26,14 @@ def metrics(counters: Mapping[str, int]) -> dict[str, float]:
     out = {f"sandbox/{status}": float(counters.get(status, 0)) for status in STATUSES}
     out["sandbox/calls"] = float(calls)
     if calls == 0:
-        out.update({"sandbox/success_rate": 0.0, "sandbox/error_rate": 0.0,
-                    "sandbox/timeout_rate": 0.0, "sandbox/latency": 0.0})
+        out.update(
+            {
+                "sandbox/success_rate": 0.0,
+                "sandbox/error_rate": 0.0,
+                "sandbox/timeout_rate": 0.0,
+                "sandbox/latency": 0.0,
+            }
+        )
         return out
     ok = counters.get("ok", 0)
     timeouts = counters.get("timeout", 0)

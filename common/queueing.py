@@ -17,8 +17,15 @@ def batch_queue(conn: redis.Redis, settings: Settings) -> Queue:
     return Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
 
 
-def enqueue_batch(queue: Queue, settings: Settings, *, batch_id: str, payload: bytes,
-                  size: int, at_front: bool = False) -> Job:
+def enqueue_batch(
+    queue: Queue,
+    settings: Settings,
+    *,
+    batch_id: str,
+    payload: bytes,
+    size: int,
+    at_front: bool = False,
+) -> Job:
     """Enqueue one batch job in a single round trip. Its description names the batch,
     never the code, because RQ logs descriptions."""
     job = queue.create_job(

@@ -34,22 +34,25 @@ class BatchJob:
     submitted_at: float = 0.0
 
     @classmethod
-    def from_codes(cls, batch_id: str, codes: list[Any], limits: Limits, run: str,
-                   submitted_at: float) -> BatchJob:
+    def from_codes(
+        cls, batch_id: str, codes: list[Any], limits: Limits, run: str, submitted_at: float
+    ) -> BatchJob:
         encoded = tuple(
             c.encode("utf-8", "surrogatepass") if isinstance(c, str) else None for c in codes
         )
         return cls(batch_id, encoded, limits, run, submitted_at)
 
     def encode(self) -> bytes:
-        return codec.dumps({
-            "v": SCHEMA_VERSION,
-            "batch_id": self.batch_id,
-            "codes": list(self.codes),
-            "limits": codec.encode_limits(self.limits),
-            "run": self.run,
-            "submitted_at": self.submitted_at,
-        })
+        return codec.dumps(
+            {
+                "v": SCHEMA_VERSION,
+                "batch_id": self.batch_id,
+                "codes": list(self.codes),
+                "limits": codec.encode_limits(self.limits),
+                "run": self.run,
+                "submitted_at": self.submitted_at,
+            }
+        )
 
     @classmethod
     def decode(cls, data: Any) -> BatchJob:

@@ -26,18 +26,35 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a worker host: executor + RQ dispatchers")
     worker.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
     worker.add_argument("-c", "--concurrency", type=int, default=2, help="snippet slots")
-    worker.add_argument("-k", "--dispatchers", type=int, default=0,
-                        help="RQ dispatcher processes (default: one per slot, at least 2)")
+    worker.add_argument(
+        "-k",
+        "--dispatchers",
+        type=int,
+        default=0,
+        help="RQ dispatcher processes (default: one per slot, at least 2)",
+    )
     worker.add_argument("--mode", choices=("fork", "spawn"), default="fork")
-    worker.add_argument("--preload", type=_split, default=("numpy", "sympy"),
-                        help="comma-separated modules the zygote imports (default numpy,sympy)")
+    worker.add_argument(
+        "--preload",
+        type=_split,
+        default=("numpy", "sympy"),
+        help="comma-separated modules the zygote imports (default numpy,sympy)",
+    )
     worker.add_argument("--queue", default=None, help="RQ queue name (default codepool)")
     worker.add_argument("--name", default="", help="worker name (default HOST.PID)")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-    worker.add_argument("--max-timeout", type=float, default=None,
-                        help="ceiling on any snippet's timeout_s (default 30)")
-    worker.add_argument("--max-memory-mb", type=int, default=None,
-                        help="ceiling on any snippet's memory_mb (default 1024)")
+    worker.add_argument(
+        "--max-timeout",
+        type=float,
+        default=None,
+        help="ceiling on any snippet's timeout_s (default 30)",
+    )
+    worker.add_argument(
+        "--max-memory-mb",
+        type=int,
+        default=None,
+        help="ceiling on any snippet's memory_mb (default 1024)",
+    )
     run = commands.add_parser("run", help="run snippets on this host and print the tool text")
     run.add_argument(
         "source", help="a .py file (cells split on '# %%%%' lines), '-' for stdin, or code with -c"

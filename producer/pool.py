@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -41,10 +41,16 @@ class CodePool:
     settings: prefix, queue, TTLs (default: ``Settings.from_env()``).
     """
 
-    def __init__(self, url: str | None = None, *, limits: Limits | None = None,
-                 settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        limits: Limits | None = None,
+        settings: Settings | None = None,
+    ) -> None:
         self.settings = (settings or Settings.from_env()).replace(
-            **({"redis_url": url} if url else {}))
+            **({"redis_url": url} if url else {})
+        )
         self.keys = self.settings.keys
         self.limits = limits or Limits()
         self.conn = redis_client(self.settings, block_s=POLL_BLOCK_S)
@@ -58,8 +64,10 @@ class CodePool:
             raise ConfigError("submit takes a sequence of snippets, not one string")
         codes = list(codes)
         if len(codes) > self.settings.max_batch_snippets:
-            raise ConfigError(f"batch of {len(codes)} snippets is over the limit of "
-                              f"{self.settings.max_batch_snippets}")
+            raise ConfigError(
+                f"batch of {len(codes)} snippets is over the limit of "
+                f"{self.settings.max_batch_snippets}"
+            )
         if not isinstance(run, str) or len(run) > RUN_TAG_MAX_CHARS:
             raise ConfigError(f"run must be a string of at most {RUN_TAG_MAX_CHARS} chars")
         effective = self.limits.with_overrides(**limits)
@@ -68,8 +76,9 @@ class CodePool:
         payload = job.encode()
         try:
             if codes:
-                enqueue_batch(self._queue, self.settings, batch_id=batch_id, payload=payload,
-                              size=len(codes))
+                enqueue_batch(
+                    self._queue, self.settings, batch_id=batch_id, payload=payload, size=len(codes)
+                )
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
         return Batch(self, batch_id, len(codes), effective)
@@ -111,8 +120,9 @@ class Batch:
 
     def as_completed(self, timeout_s: float | None = None) -> Iterator[tuple[int, ExecResult]]:
         """Yield ``(index, result)`` as results arrive; at the deadline, the rest as infra."""
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None
-                                       else self.default_deadline_s())
+        deadline = time.monotonic() + (
+            timeout_s if timeout_s is not None else self.default_deadline_s()
+        )
         keys = self.pool.keys
         done_key = keys.batch_done(self.id)
         while len(self._results) < self.size:
@@ -120,14 +130,15 @@ class Batch:
             if remaining <= 0:
                 break
             try:
-                popped = self.pool.conn.blmpop(min(remaining, POLL_BLOCK_S), 1, done_key,
-                                               direction="LEFT", count=self.size)
+                popped = self.pool.conn.blmpop(
+                    min(remaining, POLL_BLOCK_S), 1, done_key, direction="LEFT", count=self.size
+                )
             except redis.RedisError:
                 # Redis restarting: wait a little and try again until the deadline.
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
             for entry in popped[1] if popped else ():
-                index, result = codec.decode_done_entry(entry)
+                index, result = codec.decode_done_entry(cast(bytes, entry))
                 if index in self._results or not 0 <= index < self.size:
                     continue
                 # latency as the caller sees it: from submit to collection.

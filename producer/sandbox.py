@@ -40,11 +40,20 @@ class RemoteSandbox:
         (default: timeout plus a margin for queueing). Other keywords: Limits fields.
     """
 
-    def __init__(self, url: str | None = None, timeout: float = 30.0, *, run: str = "",
-                 linger_s: float = 0.001, max_batch: int = 256,
-                 deadline_s: float | None = None, max_collectors: int = 64,
-                 markers: Mapping[str, str] = DEFAULT_MARKERS,
-                 settings: Settings | None = None, **limits: Any) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        timeout: float = 30.0,
+        *,
+        run: str = "",
+        linger_s: float = 0.001,
+        max_batch: int = 256,
+        deadline_s: float | None = None,
+        max_collectors: int = 64,
+        markers: Mapping[str, str] = DEFAULT_MARKERS,
+        settings: Settings | None = None,
+        **limits: Any,
+    ) -> None:
         self.timeout = timeout
         self.run = run
         self.linger_s = linger_s
@@ -55,13 +64,13 @@ class RemoteSandbox:
         self.pool = CodePool(url, settings=settings)
         self.stats = SandboxStats()
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._collectors = ThreadPoolExecutor(max_collectors,
-                                              thread_name_prefix="codepool-collect")
+        self._collectors = ThreadPoolExecutor(max_collectors, thread_name_prefix="codepool-collect")
         self._closed = False
         self._count_lock = threading.Lock()
         self._in_flight = 0  # calls submitted in batches and not yet resolved
-        self._batcher = threading.Thread(target=self._coalesce, name="codepool-coalesce",
-                                         daemon=True)
+        self._batcher = threading.Thread(
+            target=self._coalesce, name="codepool-coalesce", daemon=True
+        )
         self._batcher.start()
 
     def submit(self, code: Any) -> Future[ExecResult]:
@@ -116,8 +125,11 @@ class RemoteSandbox:
         while len(calls) < self.max_batch:
             remaining = deadline - time.monotonic()
             try:
-                call = self._calls.get(timeout=remaining) if remaining > 0 else \
-                    self._calls.get_nowait()
+                call = (
+                    self._calls.get(timeout=remaining)
+                    if remaining > 0
+                    else self._calls.get_nowait()
+                )
             except queue.Empty:
                 return False
             if call is None:
@@ -127,8 +139,7 @@ class RemoteSandbox:
 
     def _dispatch(self, calls: list[_Call]) -> None:
         try:
-            batch = self.pool.submit([code for code, _, _ in calls], run=self.run,
-                                     **self.limits)
+            batch = self.pool.submit([code for code, _, _ in calls], run=self.run, **self.limits)
         except CodepoolError as exc:
             log.error("could not submit a batch of %d snippets: %s", len(calls), exc)
             with self._count_lock:

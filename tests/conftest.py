@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import redis
+
+from codepool.ops.redis_server import RedisServer
 from codepool.worker import LocalExecutor
 from codepool.worker.zygote import FALLBACK_PREFIX
 
@@ -70,3 +79,117 @@ def assert_nothing_left(executor: LocalExecutor) -> None:
     assert len(zygote_children(executor)) <= 1
     assert processes_of(executor.snippet_uids, except_children_of=executor.zygote_pid) == []
     assert files_of(executor.snippet_uids) == []
+
+
+# -- Redis and worker processes (integration tests) ------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server on a free port for the whole session."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session server, emptied for this test."""
+    if redis_server.process is None:  # a fault test stopped it
+        redis_server.start()
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@dataclass
+class WorkerProcess:
+    """A real ``codepool worker`` process started by a test."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+@pytest.fixture
+def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Factory: start ``codepool worker`` processes; all are stopped at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(
+        *args: str,
+        concurrency: int = 2,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        url: str | None = redis_url,
+        wait: bool = True,
+    ) -> WorkerProcess:
+        name = name or f"w{len(started)}-{os.getpid()}"
+        log_path = str(tmp_path / f"{name}-{len(started)}.log")
+        command = [
+            sys.executable,
+            "-m",
+            "codepool.ops.cli",
+            "worker",
+            "-c",
+            str(concurrency),
+            "--preload",
+            "",
+            "--name",
+            name,
+            *args,
+        ]
+        if url is not None:
+            command += ["--url", url]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+            )
+        worker = WorkerProcess(name, process, log_path)
+        started.append(worker)
+        if wait:
+            wait_for_dispatchers(redis_url, name, worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for_dispatchers(
+    url: str, name: str, worker: WorkerProcess, timeout_s: float = 30.0
+) -> None:
+    """Until every dispatcher of worker ``name`` is registered with RQ."""
+    from rq import Worker
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            names = [w.name for w in Worker.all(connection=client)]
+            if sum(n.startswith(name + ".") for n in names) >= 2:
+                return
+            if worker.process.poll() is not None:
+                raise AssertionError(f"worker {name} exited:\n{worker.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker {name} not ready:\n{worker.log()}")
+            time.sleep(0.05)
+    finally:
+        client.close()

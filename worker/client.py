@@ -43,8 +43,9 @@ class _Pending:
 class ZygoteClient:
     """The client side of the zygote protocol; subclasses say how to connect."""
 
-    def __init__(self, *, limits: Limits | None, max_limits: Limits | None,
-                 name: str | None) -> None:
+    def __init__(
+        self, *, limits: Limits | None, max_limits: Limits | None, name: str | None
+    ) -> None:
         self.limits = limits or Limits()
         self.max_limits = max_limits or self.limits
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
@@ -260,9 +261,15 @@ class AttachedExecutor(ZygoteClient):
     the zygote is being restarted by its owner.
     """
 
-    def __init__(self, path: str, *, limits: Limits | None = None,
-                 max_limits: Limits | None = None, name: str | None = None,
-                 reconnect_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        limits: Limits | None = None,
+        max_limits: Limits | None = None,
+        name: str | None = None,
+        reconnect_timeout_s: float = 120.0,
+    ) -> None:
         super().__init__(limits=limits, max_limits=max_limits, name=name)
         self.path = path
         self.reconnect_timeout_s = reconnect_timeout_s
@@ -279,5 +286,7 @@ class AttachedExecutor(ZygoteClient):
             except OSError as exc:
                 sock.close()
                 if time.monotonic() > deadline:
-                    raise ExecutorError(f"cannot connect to the zygote at {self.path}: {exc}")
+                    raise ExecutorError(
+                        f"cannot connect to the zygote at {self.path}: {exc}"
+                    ) from exc
                 time.sleep(0.1)

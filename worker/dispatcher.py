@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -20,6 +22,7 @@ from codepool.common.connection import redis_client
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION
+from codepool.worker import linux
 from codepool.worker.client import AttachedExecutor
 from codepool.worker.job import BatchRunner, CodepoolJob
 from codepool.worker.stats import StatsBuffer
@@ -39,6 +42,7 @@ class DispatcherConfig:
     max_limits: dict[str, Any]
     burst: bool = False
     log_level: str = "INFO"
+    parent_pid: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -55,8 +59,9 @@ class Dispatcher(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         if job.func_name != JOB_FUNCTION:
-            log.error("refusing job %s: it names %r, not codepool's job function", job.id,
-                      job.func_name)
+            log.error(
+                "refusing job %s: it names %r, not codepool's job function", job.id, job.func_name
+            )
         elif isinstance(job, CodepoolJob) and self.runner is not None:
             job.runner = self.runner
             # Snippets start now and run while RQ does its per-job bookkeeping.
@@ -66,20 +71,43 @@ class Dispatcher(SimpleWorker):
 
 def main(argv: list[str]) -> int:
     config = DispatcherConfig.from_json(argv[1])
-    logging.basicConfig(level=config.log_level,
-                        format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s")
+    # Die with the worker host even if it is killed -9; RQ re-runs what we held.
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if config.parent_pid and os.getppid() != config.parent_pid:
+        return 1
+    logging.basicConfig(
+        level=config.log_level,
+        format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
+    )
     settings = Settings(**config.settings)
     block_s = WORKER_TTL_S - 15
     conn = redis_client(settings, block_s=block_s)
     executor = AttachedExecutor(config.socket_path, name=config.host)
-    stats = StatsBuffer(conn, settings.keys, config.host, flush_s=settings.stats_flush_s,
-                        minute_ttl_s=settings.minute_stats_ttl_s)
+    stats = StatsBuffer(
+        conn,
+        settings.keys,
+        config.host,
+        flush_s=settings.stats_flush_s,
+        minute_ttl_s=settings.minute_stats_ttl_s,
+    )
     queue = Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
-    worker = Dispatcher([queue], connection=conn, name=config.name, serializer=MsgpackSerializer,
-                        job_class=CodepoolJob, worker_ttl=WORKER_TTL_S, log_job_description=False)
-    worker.runner = BatchRunner(executor=executor, conn=conn, settings=settings, stats=stats,
-                                max_limits=Limits.from_dict(config.max_limits),
-                                stop_requested=lambda: bool(worker._stop_requested))
+    worker = Dispatcher(
+        [queue],
+        connection=conn,
+        name=config.name,
+        serializer=MsgpackSerializer,
+        job_class=CodepoolJob,
+        worker_ttl=WORKER_TTL_S,
+        log_job_description=False,
+    )
+    worker.runner = BatchRunner(
+        executor=executor,
+        conn=conn,
+        settings=settings,
+        stats=stats,
+        max_limits=Limits.from_dict(config.max_limits),
+        stop_requested=lambda: bool(worker._stop_requested),
+    )
     stats.start()
     try:
         # RQ logs several INFO lines per job; one per batch (ours) is enough.

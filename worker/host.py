@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field
 from types import FrameType
 
 import redis
@@ -47,7 +48,7 @@ class WorkerOptions:
     preload: tuple[str, ...] = ("numpy", "sympy")
     burst: bool = False
     name: str = ""
-    max_limits: Limits = Limits()
+    max_limits: Limits = field(default_factory=Limits)
     log_level: str = "INFO"
 
 
@@ -59,7 +60,6 @@ class WorkerHost:
         self.dispatcher_count = options.dispatchers or max(2, options.concurrency)
         self.signals = 0
         self.dispatchers: dict[int, subprocess.Popen[bytes]] = {}
-        self._serial = 0
         self._dir = tempfile.mkdtemp(prefix="codepool-worker-")  # 0700
         self.executor: LocalExecutor | None = None
         self.conn: redis.Redis = redis_client(settings)
@@ -76,9 +76,14 @@ class WorkerHost:
                 listen_path=os.path.join(self._dir, "zygote.sock"),
                 name=self.name,
             )
-            log.info("worker %s: %d slots (%s mode), %d dispatchers on queue %r", self.name,
-                     self.options.concurrency, self.options.mode, self.dispatcher_count,
-                     self.settings.queue)
+            log.info(
+                "worker %s: %d slots (%s mode), %d dispatchers on queue %r",
+                self.name,
+                self.options.concurrency,
+                self.options.mode,
+                self.dispatcher_count,
+                self.settings.queue,
+            )
             for slot in range(self.dispatcher_count):
                 self._start_dispatcher(slot)
             self._supervise()
@@ -93,8 +98,11 @@ class WorkerHost:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals += 1
         if self.signals == 1:
-            log.info("worker %s: %s: finishing in-flight snippets, then exiting", self.name,
-                     signal.Signals(signum).name)
+            log.info(
+                "worker %s: %s: finishing in-flight snippets, then exiting",
+                self.name,
+                signal.Signals(signum).name,
+            )
             for process in self.dispatchers.values():
                 _signal(process, signal.SIGTERM)
         else:
@@ -103,13 +111,12 @@ class WorkerHost:
                 _signal(process, signal.SIGKILL)
 
     def _start_dispatcher(self, slot: int) -> None:
-        self._serial += 1
-        assert self.executor is not None
         config = DispatcherConfig(
             settings=asdict(self.settings),
             socket_path=os.path.join(self._dir, "zygote.sock"),
             # Unique per start: RQ refuses a live name, and a killed one lingers until TTL.
-            name=f"{self.name}.{slot}.{self._serial}",
+            name=f"{self.name}.{slot}.{uuid.uuid4().hex[:8]}",
+            parent_pid=os.getpid(),
             host=self.name,
             max_limits=self.options.max_limits.to_dict(),
             burst=self.options.burst,
@@ -135,8 +142,9 @@ class WorkerHost:
                 del self.dispatchers[slot]
                 if self.signals or self.options.burst:
                     continue
-                log.error("worker %s: dispatcher %d exited with %s; restarting it", self.name,
-                          slot, code)
+                log.error(
+                    "worker %s: dispatcher %d exited with %s; restarting it", self.name, slot, code
+                )
                 self._start_dispatcher(slot)
 
     def _stop_dispatchers(self) -> None:
@@ -156,12 +164,15 @@ class WorkerHost:
         try:
             with self.conn.pipeline(transaction=False) as pipe:
                 pipe.zadd(keys.workers(), {self.name: now})
-                pipe.hset(keys.worker_stats(self.name), mapping={
-                    "heartbeat": int(now),
-                    "slots": self.options.concurrency,
-                    "dispatchers": self.dispatcher_count,
-                    "mode": self.options.mode,
-                })
+                pipe.hset(
+                    keys.worker_stats(self.name),
+                    mapping={
+                        "heartbeat": int(now),
+                        "slots": self.options.concurrency,
+                        "dispatchers": self.dispatcher_count,
+                        "mode": self.options.mode,
+                    },
+                )
                 pipe.execute()
         except redis.RedisError as exc:
             log.warning("worker %s: heartbeat failed: %s", self.name, exc)

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -86,9 +86,16 @@ class CodepoolJob(Job):
 class BatchRunner:
     """Runs batches for one dispatcher: executor in, Redis results and stats out."""
 
-    def __init__(self, *, executor: ZygoteClient, conn: redis.Redis, settings: Settings,
-                 stats: StatsBuffer, max_limits: Limits,
-                 stop_requested: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        *,
+        executor: ZygoteClient,
+        conn: redis.Redis,
+        settings: Settings,
+        stats: StatsBuffer,
+        max_limits: Limits,
+        stop_requested: Callable[[], bool],
+    ) -> None:
         self.executor = executor
         self.conn = conn
         self.settings = settings
@@ -118,8 +125,9 @@ class BatchRunner:
                 raise
         return execution.finish()
 
-    def write(self, batch: BatchJob, results: list[tuple[int, ExecResult]], *,
-              expire: bool) -> None:
+    def write(
+        self, batch: BatchJob, results: list[tuple[int, ExecResult]], *, expire: bool
+    ) -> None:
         """Write results (first write wins) and count the ones that were first.
         ``expire``: (re)set both per-batch TTLs in the same round trip."""
         results_key = self.keys.batch_results(batch.batch_id)
@@ -129,8 +137,15 @@ class BatchRunner:
                 with self.conn.pipeline(transaction=False) as pipe:
                     for index, result in results:
                         blob = codec.encode_result(result)
-                        pipe.evalsha(self._script_sha, 2, results_key, done_key, index, blob,
-                                     codec.encode_done_entry(index, blob))
+                        pipe.evalsha(
+                            self._script_sha,
+                            2,
+                            results_key,
+                            done_key,
+                            index,
+                            blob,
+                            codec.encode_done_entry(index, blob),
+                        )
                     if expire:
                         pipe.expire(results_key, self.settings.batch_ttl_s)
                         pipe.expire(done_key, self.settings.batch_ttl_s)
@@ -148,8 +163,14 @@ class BatchRunner:
     def _requeue(self, job: Job, payload: Any) -> None:
         batch = BatchJob.decode(payload)
         queue = batch_queue(self.conn, self.settings)
-        enqueue_batch(queue, self.settings, batch_id=batch.batch_id, payload=payload,
-                      size=len(batch.codes), at_front=True)
+        enqueue_batch(
+            queue,
+            self.settings,
+            batch_id=batch.batch_id,
+            payload=payload,
+            size=len(batch.codes),
+            at_front=True,
+        )
 
 
 class BatchExecution:
@@ -188,21 +209,24 @@ class BatchExecution:
             code = self.batch.codes[index]
             if code is None:
                 future: Future[ExecResult] = Future()
-                future.set_result(rejected("rejected: code must be str",
-                                           worker=runner.executor.name))
+                future.set_result(
+                    rejected("rejected: code must be str", worker=runner.executor.name)
+                )
             else:
                 future = runner.executor.submit_limited(
-                    code.decode("utf-8", "surrogatepass"), self.limits)
+                    code.decode("utf-8", "surrogatepass"), self.limits
+                )
             self.in_flight[future] = index
 
     def finish(self) -> dict[str, Any]:
         runner, batch, job = self.runner, self.batch, self.job
         n = len(batch.codes)
-        log.info("job %s: batch %s with %d snippets (run %r)", job.id, batch.batch_id, n,
-                 batch.run)
+        log.info("job %s: batch %s with %d snippets (run %r)", job.id, batch.batch_id, n, batch.run)
         if self.oversize:
-            message = (f"rejected: batch of {n} snippets is over the worker's limit of "
-                       f"{runner.settings.max_batch_snippets}")
+            message = (
+                f"rejected: batch of {n} snippets is over the worker's limit of "
+                f"{runner.settings.max_batch_snippets}"
+            )
             rejections = [(i, rejected(message, worker=runner.executor.name)) for i in range(n)]
             runner.write(batch, rejections, expire=True)
             return {"batch": batch.batch_id, "ran": 0, "rejected": n}
@@ -211,8 +235,9 @@ class BatchExecution:
             self.fill()
             if not self.in_flight:
                 break
-            finished, _ = wait(self.in_flight, timeout=HEARTBEAT_EVERY_S,
-                               return_when=FIRST_COMPLETED)
+            finished, _ = wait(
+                self.in_flight, timeout=HEARTBEAT_EVERY_S, return_when=FIRST_COMPLETED
+            )
             results = [(self.in_flight.pop(f), f.result()) for f in finished]
             if results:
                 self.fill()  # keep the slots busy while we talk to Redis
@@ -222,10 +247,14 @@ class BatchExecution:
                 self.written_any = True
                 self.ran += len(results)
             if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
-                job.heartbeat(datetime.now(timezone.utc), HEARTBEAT_TTL_S)
+                job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
                 last_beat = time.monotonic()
         if self.todo:
-            log.info("job %s: stopping with %d snippets of batch %s left; re-enqueued",
-                     job.id, len(self.todo), batch.batch_id)
+            log.info(
+                "job %s: stopping with %d snippets of batch %s left; re-enqueued",
+                job.id,
+                len(self.todo),
+                batch.batch_id,
+            )
             runner._requeue(job, self.payload)
         return {"batch": batch.batch_id, "ran": self.ran}

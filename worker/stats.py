@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 class StatsBuffer:
     """Thread-safe pending increments per stats hash, and their flusher thread."""
 
-    def __init__(self, conn: redis.Redis, keys: Keys, worker: str, *, flush_s: float,
-                 minute_ttl_s: int) -> None:
+    def __init__(
+        self, conn: redis.Redis, keys: Keys, worker: str, *, flush_s: float, minute_ttl_s: int
+    ) -> None:
         self._conn = conn
         self._keys = keys
         self._worker = worker
@@ -66,8 +67,9 @@ class StatsBuffer:
                 pipe.execute()
             return True
         except redis.RedisError as exc:
-            log.warning("stats flush failed, keeping %d hashes for the next one: %s",
-                        len(pending), exc)
+            log.warning(
+                "stats flush failed, keeping %d hashes for the next one: %s", len(pending), exc
+            )
             with self._lock:
                 self._expiring |= expiring
                 for key, fields in pending.items():

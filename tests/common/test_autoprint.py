@@ -6,6 +6,7 @@ import contextlib
 import io
 
 import pytest
+
 from codepool.common import compile_snippet
 
 

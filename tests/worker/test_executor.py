@@ -8,7 +8,6 @@ import time
 
 from codepool.common import format_tool_content
 from codepool.worker import LocalExecutor
-
 from tests.conftest import assert_nothing_left, processes_of
 
 
@@ -316,6 +315,7 @@ def test_cpu_rusage_is_reported(executor: LocalExecutor) -> None:
 
 def test_limits_are_clamped_and_validated() -> None:
     import pytest
+
     from codepool.common import ConfigError, Limits
 
     with LocalExecutor(

@@ -7,7 +7,6 @@ import os
 import time
 
 from codepool.worker import LocalExecutor
-
 from tests.conftest import processes_of
 
 

@@ -1,0 +1,420 @@
+"""End-to-end benchmark: RemoteSandbox -> private Redis -> one `codepool worker` vs the reference.
+
+One run starts its own redis-server and worker, drives them through the producer's drop-in
+``RemoteSandbox``, and runs the same workloads through the reference subprocess sandbox
+in-process, so the ratios come from the same machine in the same minute. This is a report,
+not a test: it exits 0 whatever the numbers say, and non-zero only when something crashed.
+
+    python ops/bench/e2e.py [--scale 1.0] [--skip-reference]
+    python -m codepool.ops.bench.e2e
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import redis
+
+from codepool.common import ExecResult
+from codepool.common.settings import Settings
+from codepool.ops.bench.executor import (
+    NUMPY_CODE,
+    PRINT_CODE,
+    SYMPY_CODE,
+    Measurement,
+    ReferenceExecutor,
+    Workload,
+    _percentile,
+    interpreter_startup_ms,
+    measure,
+    ratio_vs_reference,
+)
+from codepool.ops.redis_server import RedisServer
+from codepool.producer import RemoteSandbox
+
+TIMEOUT_S = 5.0
+WORKER_SLOTS = 2
+READY_TIMEOUT_S = 60.0
+WORKER_STOP_GRACE_S = 30.0
+# Dispatchers flush their stats counters up to 1 s after a batch; reading INFO sooner
+# would charge those commands to the next workload.
+STATS_SETTLE_S = 1.2
+LONE_PAUSE_S = 0.02
+# Bounds a hang on a broken worker to a minute instead of the sandbox's timeout + 300 s.
+SANDBOX_DEADLINE_S = 60.0
+
+THROUGHPUT_TARGETS = (("print", 3.0), ("numpy", 12.0))
+LONE_P50_TARGET_MS = 8.0
+REDIS_CMDS_PER_SNIPPET_TARGET = 6.0
+REFERENCE, E2E = "reference", "codepool-e2e"
+
+
+class SandboxRunner:
+    """The bench's ``Runner`` protocol over a RemoteSandbox, driven the way a trainer would:
+    ``asyncio.run`` of one gather of ``arun_code`` per rollout step."""
+
+    def __init__(self, sandbox: RemoteSandbox) -> None:
+        self.sandbox = sandbox
+        # Kept for the breakdown: `measure` reduces results to percentiles and drops them.
+        self.seen: list[ExecResult] = []
+
+    def run(self, code: str, *, timeout_s: float) -> ExecResult:
+        result = self.sandbox.run_code(code)  # the sandbox's own timeout applies
+        self.seen.append(result)
+        return result
+
+    def run_many(self, codes: Sequence[str], *, timeout_s: float) -> list[ExecResult]:
+        async def step() -> list[ExecResult]:
+            return list(await asyncio.gather(*(self.sandbox.arun_code(c) for c in codes)))
+
+        results = asyncio.run(step())
+        self.seen.extend(results)
+        return results
+
+
+@dataclass
+class Row:
+    measurement: Measurement
+    redis_cmds: int | None = None  # commands Redis served during the workload (e2e only)
+    seen: Sequence[ExecResult] = ()  # e2e only: the results, for the time breakdown
+
+
+def build_workloads(scale: float) -> list[Workload]:
+    def same(name: str, code: str, base: int, *, sequential: bool = False) -> Workload:
+        n = max(1, round(base * scale))
+        return Workload(name, (code,) * n, ("ok",) * n, TIMEOUT_S, sequential)
+
+    return [
+        same("print", PRINT_CODE, 400),
+        same("numpy", NUMPY_CODE, 150),
+        same("sympy", SYMPY_CODE, 40),
+        same("lone", PRINT_CODE, 50, sequential=True),
+    ]
+
+
+def measure_lone(run: Callable[[str], ExecResult], workload: Workload) -> Measurement:
+    """Sequential calls with a pause between them, so each one meets an idle system.
+
+    Per-call wall time around ``run`` rather than ``ExecResult.latency``: that is what a
+    rollout loop waits for, including the producer's coalescing linger.
+    """
+    times: list[float] = []
+    bad = 0
+    for code, want in zip(workload.codes, workload.expected, strict=True):
+        time.sleep(LONE_PAUSE_S)
+        call_started = time.perf_counter()
+        result = run(code)
+        times.append(time.perf_counter() - call_started)
+        bad += result.status != want
+    # The pauses are not work; leaving them out keeps snip/s comparable between executors.
+    times.sort()
+    return Measurement(
+        n=len(times),
+        wall_s=sum(times),
+        p50_ms=_percentile(times, 0.5) * 1000,
+        p95_ms=_percentile(times, 0.95) * 1000,
+        bad=bad,
+        sequential=True,
+    )
+
+
+def redis_calls(client: redis.Redis) -> int:
+    """Commands the server has executed since start, all kinds, including this INFO."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_"))
+
+
+def measure_e2e(runner: SandboxRunner, client: redis.Redis, workload: Workload) -> Row:
+    runner.seen = []
+    before = redis_calls(client)
+    if workload.sequential:
+        m = measure_lone(lambda code: runner.run(code, timeout_s=workload.timeout_s), workload)
+    else:
+        m = measure(runner, workload, E2E)
+    time.sleep(STATS_SETTLE_S)
+    # Minus one for the "before" INFO, which the server counts after answering it.
+    # What remains includes the worker's idle background (heartbeats, RQ's own loops):
+    # a real cost of the system, charged to the snippets that ran meanwhile.
+    return Row(m, redis_calls(client) - before - 1, runner.seen)
+
+
+@contextmanager
+def worker_process(url: str, workdir: str) -> Iterator[subprocess.Popen[bytes]]:
+    """One ``codepool worker`` host in its own session, stopped like an operator would."""
+    log_path = os.path.join(workdir, "worker.log")
+    # TMPDIR under our temp dir: whatever the worker leaves behind after a SIGKILL
+    # (its zygote socket dir) goes when we remove that dir.
+    env = {**os.environ, "TMPDIR": workdir}
+    with open(log_path, "wb") as log:
+        # A new session: a terminal Ctrl-C reaches only us, and we stop the worker in
+        # order (SIGTERM, grace, then SIGKILL to the whole group, dispatchers and zygote).
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "codepool.ops.cli",
+                "worker",
+                "--url",
+                url,
+                "-c",
+                str(WORKER_SLOTS),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    except Exception:  # not on Ctrl-C: the user knows why it stopped
+        print("--- worker log tail (its temp dir is removed on exit) ---", file=sys.stderr)
+        print(_tail(log_path, 40), file=sys.stderr)
+        raise
+    finally:
+        _stop_worker(process)
+
+
+def _stop_worker(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=WORKER_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            print("worker ignored SIGTERM for 30 s; killing its group", file=sys.stderr)
+    # Also after a clean exit: anything the host failed to reap still carries its pgid.
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _tail(path: str, lines: int) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def wait_ready(
+    process: subprocess.Popen[bytes], client: redis.Redis, workers_key: str, runner: SandboxRunner
+) -> float:
+    """Block until the worker heartbeats and a warm-up batch comes back; return seconds."""
+    started = time.monotonic()
+    deadline = started + READY_TIMEOUT_S
+    while client.zcard(workers_key) == 0:
+        if process.poll() is not None:
+            raise RuntimeError(f"worker exited with {process.returncode} before heartbeating")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no worker heartbeat in {workers_key} after {READY_TIMEOUT_S} s")
+        time.sleep(0.1)
+    # The heartbeat proves the host is up, not that dispatchers and zygote preloads are.
+    # First calls also pay for page cache and lazy imports; none of that belongs in the table.
+    warm = runner.run_many(
+        [PRINT_CODE] * 20 + [NUMPY_CODE] * 5 + [SYMPY_CODE] * 5, timeout_s=TIMEOUT_S
+    )
+    bad = [r for r in warm if r.status != "ok"]
+    if bad:
+        raise RuntimeError(
+            f"warm-up: {len(bad)} of {len(warm)} not ok, e.g. "
+            f"status={bad[0].status} stderr={bad[0].stderr[-200:]!r}"
+        )
+    if time.monotonic() > deadline:
+        raise RuntimeError(f"worker not ready within {READY_TIMEOUT_S} s")
+    return time.monotonic() - started
+
+
+@contextmanager
+def open_reference() -> Iterator[Callable[[Workload], Row]]:
+    with ReferenceExecutor() as ref:
+        ref.run_many([PRINT_CODE, NUMPY_CODE, SYMPY_CODE] * 5, timeout_s=TIMEOUT_S)  # warm-up
+
+        def run(w: Workload) -> Row:
+            if w.sequential:
+                return Row(measure_lone(lambda code: ref.run(code, timeout_s=w.timeout_s), w))
+            return Row(measure(ref, w, REFERENCE))
+
+        yield run
+
+
+@contextmanager
+def open_e2e() -> Iterator[Callable[[Workload], Row]]:
+    with ExitStack() as stack:
+        server = RedisServer().start()
+        stack.callback(server.close)
+        workdir = tempfile.mkdtemp(prefix="codepool-bench-e2e-")
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        client = redis.Redis.from_url(server.url)
+        stack.callback(client.close)
+        # Entered after Redis, so it exits before: the worker stops while Redis is still
+        # there for it to finish in-flight snippets and deregister.
+        process = stack.enter_context(worker_process(server.url, workdir))
+        sandbox = RemoteSandbox(server.url, timeout=TIMEOUT_S, deadline_s=SANDBOX_DEADLINE_S)
+        stack.callback(sandbox.close)
+        runner = SandboxRunner(sandbox)
+        workers_key = Settings.from_env(redis_url=server.url).keys.workers()
+        ready_s = wait_ready(process, client, workers_key, runner)
+        print(f"worker ready (heartbeat + warm-up) after {ready_s:.1f} s", file=sys.stderr)
+        yield lambda w: measure_e2e(runner, client, w)
+
+
+def print_table(workloads: Sequence[Workload], results: dict[str, dict[str, Row]]) -> None:
+    header = (
+        f"{'workload':<10}{'executor':<14}{'n':>5}{'wall s':>9}{'snip/s':>9}"
+        f"{'p50 ms':>9}{'p95 ms':>9}{'bad':>5}{'x ref':>8}{'redis cmds/snip':>17}"
+    )
+    print(header)
+    print("-" * len(header))
+    for w in workloads:
+        for executor in (REFERENCE, E2E):
+            row = results.get(executor, {}).get(w.name)
+            if row is None:
+                continue
+            m = row.measurement
+            ref = results.get(REFERENCE, {}).get(w.name)
+            ratio = ratio_vs_reference(m, ref.measurement) if executor == E2E and ref else None
+            ratio_text = "-" if ratio is None else f"{ratio:.2f}x"
+            cmds = "-" if row.redis_cmds is None else f"{row.redis_cmds / m.n:.2f}"
+            print(
+                f"{w.name:<10}{executor:<14}{m.n:>5}{m.wall_s:>9.2f}{m.throughput:>9.1f}"
+                f"{m.p50_ms:>9.1f}{m.p95_ms:>9.1f}{m.bad:>5}{ratio_text:>8}{cmds:>17}"
+            )
+    print(
+        "x ref: throughput ratio vs reference; for 'lone', reference p50 / e2e p50.\n"
+        "p50/p95: ExecResult.latency (submit to result, as the caller sees it); for 'lone',\n"
+        "wall time around each call (pauses excluded from wall s too)."
+    )
+
+
+def print_targets(workloads: Sequence[Workload], results: dict[str, dict[str, Row]]) -> None:
+    print("\ntargets")
+    e2e, ref = results.get(E2E, {}), results.get(REFERENCE, {})
+    for name, need in THROUGHPUT_TARGETS:
+        label = f"e2e >= {need:g}x reference on {name}"
+        if name not in e2e or name not in ref:
+            print(f"  SKIP  {label} (needs both)")
+            continue
+        ratio = e2e[name].measurement.throughput / ref[name].measurement.throughput
+        print(f"  {'PASS' if ratio >= need else 'FAIL'}  {label}: {ratio:.2f}x")
+    label = f"lone e2e p50 <= {LONE_P50_TARGET_MS:g} ms"
+    if "lone" in e2e:
+        p50 = e2e["lone"].measurement.p50_ms
+        print(f"  {'PASS' if p50 <= LONE_P50_TARGET_MS else 'FAIL'}  {label}: {p50:.2f} ms")
+    else:
+        print(f"  SKIP  {label}")
+    batched = [w.name for w in workloads if not w.sequential]
+    label = f"redis cmds/snippet <= {REDIS_CMDS_PER_SNIPPET_TARGET:g} over {'+'.join(batched)}"
+    if all(name in e2e for name in batched):
+        cmds = sum(e2e[n].redis_cmds or 0 for n in batched)
+        per = cmds / sum(e2e[n].measurement.n for n in batched)
+        verdict = "PASS" if per <= REDIS_CMDS_PER_SNIPPET_TARGET else "FAIL"
+        print(f"  {verdict}  {label}: {per:.2f} ({cmds} commands)")
+    else:
+        print(f"  SKIP  {label}")
+
+
+def print_breakdown(workloads: Sequence[Workload], rows: dict[str, Row]) -> None:
+    """Where an e2e snippet's time goes: in the forked child, waiting for a zygote slot, or
+    outside the zygote (coalescing, RQ enqueue/dequeue, result write, BLPOP, decode)."""
+    if not any(row.seen for row in rows.values()):
+        return
+    print(
+        f"\nwhere e2e time goes (ms, p50 over snippets; slots busy = sum(exec) / "
+        f"(wall x {WORKER_SLOTS} slots))\n"
+        f"{'workload':<10}{'exec':>9}{'slot wait':>11}{'outside':>9}{'latency':>9}"
+        f"{'slots busy':>12}"
+    )
+    for w in workloads:
+        row = rows.get(w.name)
+        if row is None or not row.seen:
+            continue
+        seen = row.seen
+
+        def p50_ms(values: list[float]) -> float:
+            return _percentile(sorted(values), 0.5) * 1000
+
+        outside = [r.latency - r.exec_s - r.queue_s for r in seen]
+        busy = sum(r.exec_s for r in seen) / (row.measurement.wall_s * WORKER_SLOTS)
+        print(
+            f"{w.name:<10}{p50_ms([r.exec_s for r in seen]):>9.1f}"
+            f"{p50_ms([r.queue_s for r in seen]):>11.1f}{p50_ms(outside):>9.1f}"
+            f"{p50_ms([r.latency for r in seen]):>9.1f}{busy:>11.0%}"
+        )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiplier on snippet counts (default 1.0)"
+    )
+    parser.add_argument(
+        "--skip-reference", action="store_true", help="codepool only: no ratios, a much shorter run"
+    )
+    args = parser.parse_args(argv)
+    if args.scale <= 0:
+        parser.error("--scale must be > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    workloads = build_workloads(args.scale)
+    print(
+        f"codepool e2e bench: python {platform.python_version()}, {os.cpu_count()} cpus, "
+        f"one worker -c {WORKER_SLOTS} (fork, preload numpy,sympy) on a private "
+        f"redis-server, reference=Semaphore(8)+64 threads, scale={args.scale:g}"
+    )
+    # Printed because it sets the floor under every reference call.
+    print(f"interpreter startup ({sys.executable}): {interpreter_startup_ms():.1f} ms")
+    results: dict[str, dict[str, Row]] = {}
+    crashed: list[str] = []
+    with ExitStack() as stack:
+        # Both sides stay open and each workload runs on them back to back, so a burst of
+        # load from elsewhere on the host skews a ratio's two sides alike. The worker idles
+        # (blocking dequeues) while the reference runs; the reference holds nothing between.
+        sides: dict[str, Callable[[Workload], Row]] = {}
+        openers = [(E2E, open_e2e)]
+        if not args.skip_reference:
+            openers.append((REFERENCE, open_reference))
+        for label, opener in openers:
+            try:
+                sides[label] = stack.enter_context(opener())
+            except Exception:
+                traceback.print_exc()
+                crashed.append(label)
+        for w in workloads:
+            for label, run in list(sides.items()):
+                try:
+                    results.setdefault(label, {})[w.name] = run(w)
+                except Exception:
+                    traceback.print_exc()
+                    del sides[label]
+                    crashed.append(label)
+            print(f"{w.name} done", file=sys.stderr, flush=True)
+        # Printed before the sides close, so a hang or failure on close cannot hide the table.
+        print()
+        print_table(workloads, results)
+        print_breakdown(workloads, results.get(E2E, {}))
+        print_targets(workloads, results)
+    if crashed:
+        print(f"\ncrashed: {', '.join(crashed)}")
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Start and stop a private ``redis-server``: for tests, benchmarks and the embedded
+default of ``codepool replay``. Never touches a Redis someone else runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from codepool.common.errors import ConfigError
+
+INSTALL_HINT = (
+    "no redis-server binary found: install one (Debian/Ubuntu: "
+    "`apt-get install redis-server`, macOS: `brew install redis`) or pass --url"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    """A redis-server child process on a free port (or a unix socket) in a temp dir.
+
+    appendonly: AOF with ``appendfsync everysec`` (for restart tests); else no persistence.
+    unix_socket: listen on a socket file in the temp dir instead of TCP.
+    """
+
+    appendonly: bool = False
+    unix_socket: bool = False
+    port: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+    dir: str = ""
+
+    @property
+    def url(self) -> str:
+        if self.unix_socket:
+            return f"unix://{os.path.join(self.dir, 'redis.sock')}"
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ConfigError(INSTALL_HINT)
+        if not self.dir:
+            self.dir = tempfile.mkdtemp(prefix="codepool-redis-")
+        if not self.port and not self.unix_socket:
+            self.port = free_port()
+        args = [
+            binary,
+            "--dir",
+            self.dir,
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            os.path.join(self.dir, "redis.log"),
+        ]
+        if self.unix_socket:
+            args += [
+                "--port",
+                "0",
+                "--unixsocket",
+                os.path.join(self.dir, "redis.sock"),
+                "--unixsocketperm",
+                "700",
+            ]
+        else:
+            args += ["--port", str(self.port), "--bind", "127.0.0.1"]
+        if self.appendonly:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        else:
+            args += ["--appendonly", "no"]
+        self.process = subprocess.Popen(
+            args + self.extra_args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        )
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return
+                except redis.RedisError:
+                    pass
+                if self.process is not None and self.process.poll() is not None:
+                    raise ConfigError(f"redis-server exited: see {self.dir}/redis.log")
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"redis-server did not answer within {timeout_s} s")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server (SIGKILL with ``kill``); the data dir is kept for a restart."""
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,206 @@
+"""The queue path end to end: real redis-server, real `codepool worker` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import redis
+from rq import Queue
+from rq.job import Job, JobStatus
+
+from codepool.common.codec import MsgpackSerializer, decode_result
+from codepool.common.keys import Keys
+from codepool.producer import CodePool, RemoteSandbox
+from tests.conftest import WorkerProcess, wait_for_dispatchers
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+def _wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_results_come_back_in_input_order(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+    codes = [f"import time\ntime.sleep({(7 - i) % 3} * 0.05)\nprint({i})" for i in range(12)]
+    codes += ["x = (", "print('<|im_end|>')", None]  # type: ignore[list-item]
+    results = pool.submit(codes, timeout_s=5.0).results(timeout_s=60)
+    assert [r.stdout for r in results[:12]] == [f"{i}\n" for i in range(12)]
+    assert results[12].status == "error" and "SyntaxError" in results[12].stderr
+    assert results[13].stdout == "<|im_end|>\n"
+    assert results[14].status == "rejected"
+    assert all(r.latency > 0 for r in results)
+
+
+def test_two_workers_share_the_batch_stream(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker(name="alpha")
+    start_worker(name="beta")
+    pool = CodePool(redis_url)
+    batches = [pool.submit(["import time\ntime.sleep(0.3)\nprint(1)"] * 2) for _ in range(8)]
+    results = [r for batch in batches for r in batch.results(timeout_s=60)]
+    assert all(r.ok for r in results)
+    assert {r.worker for r in results} == {"alpha", "beta"}
+
+
+def test_a_straggler_does_not_delay_the_others(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker(concurrency=2)
+    pool = CodePool(redis_url)
+    started = time.monotonic()
+    slow_batch = pool.submit(["import time\ntime.sleep(3)\nprint('slow')"] + ["print(1)"] * 10)
+    other = pool.submit(["print(2)"] * 10)
+    assert all(r.stdout == "2\n" for r in other.results(timeout_s=30))
+    assert time.monotonic() - started < 2.5
+    order = [index for index, _ in slow_batch.as_completed(timeout_s=30)]
+    assert order[-1] == 0, "the 3 s snippet finished before the fast ones"
+    assert time.monotonic() - started >= 3.0
+
+
+def test_stats_counters_equal_what_ran(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+    codes = ["print(1)"] * 3 + ["1/0", "import sys\nsys.exit(2)", "while True: pass", None]
+    results = pool.submit(codes, timeout_s=1.0, run="exp-stats").results(timeout_s=60)
+    assert [r.status for r in results] == ["ok"] * 3 + ["error"] * 2 + ["timeout", "rejected"]
+    expected = {"calls": 7, "ok": 3, "error": 2, "timeout": 1, "rejected": 1}
+
+    def counted() -> bool:
+        got = pool.counters(run="exp-stats")
+        return all(got.get(k, 0) == v for k, v in expected.items())
+
+    _wait_until(counted, timeout_s=10)
+    assert {k: pool.counters().get(k, 0) for k in expected} == expected
+    metrics = pool.metrics(run="exp-stats")
+    assert metrics["sandbox/success_rate"] == 3 / 7
+    assert metrics["sandbox/timeout_rate"] == 1 / 7
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys()
+    minute = [k for k in client.keys(keys.minute_stats(0).replace(":0", ":*"))]
+    assert minute and all(client.ttl(k) > 0 for k in minute)
+    assert client.hget(keys.worker_stats("w0-" + str(os.getpid())), "calls") == b"7"
+
+
+def test_every_per_batch_key_expires(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+    batch = pool.submit(["print(1)"] * 5)
+    assert all(r.ok for r in batch.results(timeout_s=30))
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys()
+    results_key = keys.batch_results(batch.id)
+    assert client.exists(results_key)
+    assert 0 < client.ttl(results_key) <= pool.settings.batch_ttl_s
+    # The done list was drained by the producer; whatever per-batch key exists expires.
+    per_batch = client.keys(keys.batch_results("*").rsplit(":", 1)[0] + ":*")
+    assert per_batch and all(client.ttl(k) > 0 for k in per_batch)
+    # RQ's own job record expires too (short result TTL).
+    _wait_until(
+        lambda: (
+            Job.fetch(batch.id, connection=client, serializer=MsgpackSerializer).get_status()
+            == JobStatus.FINISHED
+        )
+    )
+    assert 0 < client.ttl(f"rq:job:{batch.id}") <= pool.settings.job_result_ttl_s
+    # What a replay reads: the results hash holds every index.
+    stored = client.hgetall(results_key)
+    assert sorted(int(k) for k in stored) == list(range(5))
+    assert all(decode_result(v).ok for v in stored.values())
+
+
+def test_a_job_naming_another_function_is_refused(
+    redis_url: str, start_worker: StartWorker, tmp_path: object
+) -> None:
+    worker = start_worker()
+    marker = f"/tmp/codepool-pwned-{os.getpid()}"
+    client = redis.Redis.from_url(redis_url)
+    queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
+    job = queue.enqueue("os.system", f"touch {marker}")
+    _wait_until(lambda: job.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
+    assert not os.path.exists(marker)
+    assert "refusing job" in worker.log() and "os.system" in worker.log()
+    pool = CodePool(redis_url)
+    assert pool.submit(["print('still serving')"]).results(timeout_s=30)[0].ok
+
+
+def test_remote_sandbox_across_event_loops(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker()
+    with RemoteSandbox(redis_url, timeout=5.0) as sandbox:
+
+        async def step(k: int) -> list[str]:
+            results = await asyncio.gather(
+                *(sandbox.arun_code(f"print({k} * {j})") for j in range(30))
+            )
+            return [sandbox.format_tool_content(r) for r in results]
+
+        for k in range(3):  # a new event loop per training step, one sandbox
+            assert asyncio.run(step(k)) == [f"{k * j}\n" for j in range(30)]
+        assert sandbox.run_code("print(2 + 3)").stdout == "5\n"
+        timeout = sandbox.run_code("while True: pass")
+        assert sandbox.format_tool_content(timeout) == "Error: execution timed out after 5 seconds."
+        metrics = sandbox.stats.metrics()
+        assert metrics["sandbox/calls"] == 92 and metrics["sandbox/timeout_rate"] == 1 / 92
+
+
+def test_no_pickle_anywhere_in_redis(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+    pool.submit(["print(1)", "1/0"], run="pickle-check").results(timeout_s=30)
+    client = redis.Redis.from_url(redis_url)
+    queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
+    refused = queue.enqueue("os.getcwd")
+    _wait_until(lambda: refused.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
+    time.sleep(1.2)  # let the stats flush
+    values: list[bytes] = []
+    for key in client.scan_iter():
+        kind = client.type(key)
+        if kind == b"string":
+            values.append(client.get(key) or b"")
+        elif kind == b"hash":
+            values.extend(client.hgetall(key).values())
+        elif kind == b"list":
+            values.extend(client.lrange(key, 0, -1))
+        elif kind in (b"set", b"zset"):
+            values.extend(client.smembers(key) if kind == b"set" else client.zrange(key, 0, -1))
+        elif kind == b"stream":
+            for _, fields in client.xrange(key):
+                values.extend(fields.values())
+    assert len(values) > 10
+    pickled = [v[:20] for v in values if len(v) > 1 and v[0] == 0x80 and v[1] in (2, 3, 4, 5)]
+    assert pickled == []
+
+
+def test_first_sigterm_finishes_in_flight_and_the_rest_runs_elsewhere(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    first = start_worker(concurrency=2)
+    pool = CodePool(redis_url)
+    batch = pool.submit([f"import time\ntime.sleep(1)\nprint({i})" for i in range(8)])
+    time.sleep(0.5)
+    first.process.send_signal(signal.SIGTERM)
+    assert first.process.wait(timeout=20) == 0
+    assert "finishing in-flight snippets" in first.log()
+    start_worker(concurrency=2)
+    results = batch.results(timeout_s=60)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+
+
+def test_restart_after_kill_9_reuses_the_name(redis_url: str, start_worker: StartWorker) -> None:
+    first = start_worker(name="phoenix")
+    first.process.kill()
+    first.process.wait()
+    second = start_worker(name="phoenix")
+    assert CodePool(redis_url).submit(["print(1)"]).results(timeout_s=30)[0].ok
+    assert second.process.poll() is None
+
+
+def test_redis_url_from_the_environment(redis_url: str, start_worker: StartWorker) -> None:
+    worker = start_worker(url=None, env={"REDIS_URL": redis_url}, wait=False)
+    wait_for_dispatchers(redis_url, worker.name, worker)
+    assert CodePool(redis_url).submit(["print(1)"]).results(timeout_s=30)[0].ok
