@@ -16,7 +16,7 @@ import redis
 
 from codepool.ops.redis_server import RedisServer
 from codepool.worker import LocalExecutor
-from codepool.worker.zygote import FALLBACK_PREFIX
+from codepool.worker.config import FALLBACK_PREFIX
 
 VOLATILE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -51,10 +51,11 @@ def processes_of(uids: range, *, except_children_of: int = 0) -> list[str]:
     return found
 
 
-def zygote_children(executor: LocalExecutor) -> list[int]:
-    pid = executor.zygote_pid
+def waiting_children(executor: LocalExecutor) -> list[int]:
+    """The supervisor's children other than the zygote: the snippets' processes."""
+    pid = executor.supervisor_pid
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(child) for child in f.read().split()]
+        return [int(child) for child in f.read().split() if int(child) != executor.zygote_pid]
 
 
 def files_of(uids: range) -> list[str]:
@@ -75,9 +76,9 @@ def files_of(uids: range) -> list[str]:
 def assert_nothing_left(executor: LocalExecutor) -> None:
     """No process and no file of any snippet outlives it (checked on the host)."""
     assert executor.snippet_uids, "the suite runs as root: snippets must get their own uids"
-    # Between snippets the zygote has exactly one child: the one waiting for the next.
-    assert len(zygote_children(executor)) <= 1
-    assert processes_of(executor.snippet_uids, except_children_of=executor.zygote_pid) == []
+    # Between snippets the only child left is the one waiting for the next snippet.
+    assert len(waiting_children(executor)) <= 1
+    assert processes_of(executor.snippet_uids, except_children_of=executor.supervisor_pid) == []
     assert files_of(executor.snippet_uids) == []
 
 

@@ -59,7 +59,8 @@ class ZygoteClient:
         self._generation = 0
         self._reconnecting = False
         self.report: list[dict[str, Any]] = []
-        self.zygote_pid = 0
+        self.supervisor_pid = 0  # serves requests; every snippet is its child
+        self.zygote_pid = 0  # the preloaded process that clones them
         self.concurrency = 0
         self.snippet_uids: range = range(0)  # uids snippets run as (empty: worker's own)
         self.restarts = 0
@@ -163,7 +164,8 @@ class ZygoteClient:
             raise ExecutorError("the zygote closed the connection before saying hello")
         sock.settimeout(None)
         self.report = list(hello["report"])
-        self.zygote_pid = int(hello["pid"])
+        self.supervisor_pid = int(hello["pid"])
+        self.zygote_pid = int(hello["zygote_pid"])
         self.concurrency = int(hello["concurrency"])
         uids = hello.get("uids")
         self.snippet_uids = range(uids[0], uids[1]) if uids else range(0)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.limits import Limits
 from codepool.worker.client import ZygoteClient
-from codepool.worker.zygote import ZygoteConfig
+from codepool.worker.config import ZygoteConfig
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,14 @@ class LocalExecutor(ZygoteClient):
         env = dict(self._env)
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = [sys.executable, "-P", "-B", "-m", "codepool.worker.zygote", self._config.to_json()]
+        argv = [
+            sys.executable,
+            "-P",
+            "-B",
+            "-m",
+            "codepool.worker.supervisor",
+            self._config.to_json(),
+        ]
         try:
             self._process = subprocess.Popen(
                 argv, pass_fds=fds, env=env, stdin=subprocess.DEVNULL, start_new_session=True

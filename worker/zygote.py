@@ -1,449 +1,99 @@
-"""The zygote: a single-threaded process that preloads modules and forks snippets.
+"""The zygote: preloads modules once, enters the isolation namespaces, and clones.
 
-It never runs user code. It imports the preload list once, enters its namespaces
-(isolation.setup_zygote), then serves run requests from its clients: at most
-``concurrency`` snippets run at once, each in a fresh child cloned into new PID, mount
-and IPC namespaces; one more child is kept cloned and waiting so a request does not pay
-for the fork. It enforces wall-clock deadlines, reaps children with wait4 (rusage for
-free) and sends each result back to the client that asked.
+It never runs user code and does nothing per snippet but one clone: the supervisor
+sends the child's three file descriptors (request socket, stdout and stderr files)
+with its uid, the zygote clones a child into fresh PID, mount and IPC namespaces with
+``CLONE_PARENT`` (so the supervisor is its parent) and answers with the pid. Keeping the
+loop this small matters: after each fork the zygote shares its pages with the child, and
+every page it then writes must be copied again. Single-threaded by construction.
 
-Run as ``python -P -B -m codepool.worker.zygote CONFIG_JSON``.
+Run by the supervisor as ``python -P -B -m codepool.worker.zygote CONFIG_JSON``.
 """
 
 from __future__ import annotations
 
-import collections
 import gc
 import importlib
-import json
 import logging
 import os
-import selectors
-import shutil
 import signal
 import socket
 import sys
-import tempfile
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from codepool.common import codec
-from codepool.common.errors import WireError
-from codepool.common.limits import Limits
-from codepool.common.observation import decode_tail
 from codepool.worker import isolation, linux, runner
-from codepool.worker.child import READY, ChildPlan, child_main
-from codepool.worker.protocol import FrameReader, encode_frame
+from codepool.worker.child import ChildPlan, child_main
+from codepool.worker.config import ZygoteConfig
 from codepool.worker.warmup import warm_up
 
-log = logging.getLogger("codepool.worker.zygote")
-
-BYTES_PER_CHAR = 4
-# Work dirs the zygote makes itself when the host allows no mount namespace.
-FALLBACK_PREFIX = "codepool-snippet-"
+CLONE_PARENT = 0x00008000
 
 
-@dataclass
-class ZygoteConfig:
-    """How the executor configures its zygote (passed as JSON on the command line)."""
-
-    mode: str = "fork"
-    concurrency: int = 2
-    preload: list[str] = field(default_factory=list)
-    uid_base: int | None = None
-    disk_mb: int = 64
-    env: dict[str, str] = field(default_factory=dict)
-    namespaces: bool = True
-    owner_fd: int = -1
-    listen_fd: int = -1  # optional: more clients (the worker's dispatchers) connect here
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ZygoteConfig:
-        return cls(**json.loads(text))
-
-
-@dataclass
-class Client:
-    sock: socket.socket
-    owner: bool
-    reader: FrameReader = field(default_factory=FrameReader)
-
-
-@dataclass
-class Request:
-    client: Client | None
-    id: int
-    code: bytes
-    limits: Limits
-    received: float
-
-
-@dataclass
-class Child:
-    pid: int
-    pidfd: int
-    sock: socket.socket
-    out_fd: int
-    err_fd: int
-    slot: int
-    fallback_dir: str | None
-    request: Request | None = None
-    started: float = 0.0
-    deadline: float | None = None
-    timed_out: bool = False
-
-
-class Zygote:
-    def __init__(
-        self,
-        config: ZygoteConfig,
-        state: isolation.IsolationState,
-        owner: socket.socket,
-        report: list[dict[str, object]],
-    ) -> None:
-        self.config = config
-        self.state = state
-        self.report = report
-        self.selector = selectors.DefaultSelector()
-        self.queue: collections.deque[Request] = collections.deque()
-        self.running: dict[int, Child] = {}
-        self.warm: Child | None = None
-        # One uid per slot; concurrency + 1 so the warm child has one too.
-        self.free_slots = list(range(config.concurrency + 1))
-        base = config.uid_base or 200_000 + (os.getpid() % 100_000) * 64
-        self.uid_base = base
-        self.vm_baseline_bytes = _vm_size_bytes()
-        self.flags = isolation.clone_flags(state)
-        self.fresh = runner.Fresh.create() if config.mode == "fork" else None
-        self.stopping = False
-        # Cleared when a waiting child dies during setup, so a host that refuses our
-        # setup does not spin cloning children nobody asked for.
-        self.prefork = True
-        self._add_client(owner, owner=True)
-        if config.listen_fd >= 0:
-            self.listener: socket.socket | None = socket.socket(fileno=config.listen_fd)
-            self.listener.set_inheritable(False)
-            self.selector.register(self.listener, selectors.EVENT_READ, ("listener", None))
-
-    # -- clients -------------------------------------------------------------------
-
-    def _add_client(self, sock: socket.socket, *, owner: bool) -> None:
-        sock.setblocking(True)
-        client = Client(sock, owner)
-        self.selector.register(sock, selectors.EVENT_READ, ("client", client))
-        slots = self.config.concurrency + 1
-        uids = [self.uid_base, self.uid_base + slots] if self.state.separate_uid else None
-        self._send(
-            client,
+def serve(config: ZygoteConfig, control: socket.socket) -> None:
+    report = _preload(config.preload if config.mode == "fork" else [])
+    # Preloaded objects are never freed; keep the collector from touching their pages
+    # so forked children share them instead of copying.
+    gc.collect()
+    gc.freeze()
+    if config.mode == "fork":
+        collapsed, refused = linux.collapse_anonymous_memory()
+        report.append(
             {
-                "t": "hello",
-                "pid": os.getpid(),
-                "report": self.report,
-                "mode": self.config.mode,
-                "concurrency": self.config.concurrency,
-                "uids": uids,
-            },
+                "name": "huge pages",
+                "active": collapsed > 0,
+                "detail": f"{collapsed} MiB of the zygote's heap in 2 MiB pages "
+                f"({refused} MiB refused): cheaper fork and exit",
+            }
         )
-
-    def _accept(self) -> None:
-        assert self.listener is not None
-        try:
-            sock, _ = self.listener.accept()
-        except OSError as exc:
-            log.warning("accept failed: %s", exc)
-            return
-        sock.set_inheritable(False)
-        self._add_client(sock, owner=False)
-
-    def _send(self, client: Client | None, message: dict[str, Any]) -> None:
-        if client is None:
-            return
-        try:
-            client.sock.sendall(encode_frame(message))
-        except OSError:
-            log.warning("client went away before its result could be sent")
-
-    def _on_client(self, client: Client) -> None:
-        try:
-            data = client.sock.recv(1 << 20)
-        except OSError:
-            data = b""
-        if not data:
-            self._drop_client(client)
-            return
-        try:
-            messages = client.reader.feed(data)
-        except (ValueError, WireError) as exc:
-            log.error("undecodable frame from client, dropping it: %s", exc)
-            self._drop_client(client)
-            return
-        for message in messages:
-            self._on_message(client, message)
-
-    def _drop_client(self, client: Client) -> None:
-        self.selector.unregister(client.sock)
-        client.sock.close()
-        if client.owner:
-            self.stopping = True
-            return
-        self.queue = collections.deque(r for r in self.queue if r.client is not client)
-        for child in self.running.values():
-            if child.request is not None and child.request.client is client:
-                child.request.client = None
-                _kill(child.pid, group=not self.state.pidns)
-
-    def _on_message(self, client: Client, message: dict[str, Any]) -> None:
-        now = time.monotonic()
-        request_id = message.get("id")
-        if message.get("t") != "run" or not isinstance(request_id, int):
-            log.error("ignoring malformed message of type %r", message.get("t"))
-            return
-        code = message.get("code")
-        try:
-            limits = codec.decode_limits(message.get("limits"))
-        except WireError as exc:
-            self._send(client, _rejected(request_id, str(exc)))
-            return
-        if not isinstance(code, bytes):
-            self._send(client, _rejected(request_id, "code must be bytes on the wire"))
-            return
-        if len(code) > limits.max_code_bytes:
-            self._send(
-                client,
-                _rejected(
-                    request_id, f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"
-                ),
-            )
-            return
-        self.queue.append(Request(client, request_id, code, limits, now))
-
-    # -- children ------------------------------------------------------------------
-
-    def _clone_warm(self) -> Child:
-        slot = self.free_slots.pop()
-        uid = self.uid_base + slot if self.state.separate_uid else None
-        fallback_dir = None
-        if not self.state.pidns:
-            fallback_dir = tempfile.mkdtemp(prefix=FALLBACK_PREFIX)
-            if uid is not None:
-                os.chown(fallback_dir, uid, uid)
-        parent_sock, child_sock = socket.socketpair()
-        out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
-        err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
-        plan = ChildPlan(
-            self.state,
-            self.config.mode,
-            uid,
-            self.config.disk_mb,
-            self.config.env,
-            self.vm_baseline_bytes,
-            fallback_dir,
-            self.fresh,
-        )
-        pid = linux.fork_with_flags(self.flags) if self.flags else os.fork()
-        if pid == 0:
-            if not self.flags:
-                os.setsid()
-            child_main(plan, child_sock.fileno(), out_fd, err_fd)
-        child_sock.close()
-        pidfd = os.pidfd_open(pid)
-        child = Child(pid, pidfd, parent_sock, out_fd, err_fd, slot, fallback_dir)
-        self.selector.register(pidfd, selectors.EVENT_READ, ("child", child))
-        return child
-
-    def _dispatch(self) -> None:
-        while self.queue and len(self.running) < self.config.concurrency:
-            request = self.queue.popleft()
-            if request.client is None:
-                continue
-            child = self.warm or self._clone_warm()
-            self.warm = None
-            child.request = request
-            try:
-                child.sock.sendall(
-                    encode_frame(
-                        {"code": request.code, "limits": codec.encode_limits(request.limits)}
-                    )
-                )
-            except OSError:
-                pass  # it died while warm; its exit is reported as an infra result
-            child.started = time.monotonic()
-            child.deadline = child.started + request.limits.timeout_s
-            self.running[child.pid] = child
-        if self.warm is None and self.prefork and self.free_slots:
-            self.warm = self._clone_warm()
-
-    def _on_child_exit(self, child: Child) -> None:
-        _, status, rusage = os.wait4(child.pid, 0)
-        ended = time.monotonic()
-        self.selector.unregister(child.pidfd)
-        os.close(child.pidfd)
-        try:
-            ready = child.sock.recv(1, socket.MSG_DONTWAIT) == READY
-        except OSError:
-            ready = False
-        child.sock.close()
-        self.running.pop(child.pid, None)
-        if child is self.warm:
-            self.warm = None
-            self.prefork = False
-            log.error(
-                "a waiting child died before use (status %d): %s",
-                status,
-                _read_whole(child.err_fd)[-500:],
-            )
-        elif child.request is not None and child.request.client is not None:
-            self.prefork = self.prefork or ready
-            result = _result(child, status, rusage, ended, ready)
-            self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
-        os.close(child.out_fd)
-        os.close(child.err_fd)
-        self._clean_up_after(child)
-        self.free_slots.append(child.slot)
-
-    def _clean_up_after(self, child: Child) -> None:
-        if child.fallback_dir is not None:
-            shutil.rmtree(child.fallback_dir, ignore_errors=True)
-        if not self.state.pidns and self.state.separate_uid:
-            isolation.sweep_uid(self.uid_base + child.slot)
-
-    def _expire_deadlines(self) -> float | None:
-        now = time.monotonic()
-        soonest: float | None = None
-        for child in self.running.values():
-            if child.deadline is None:
-                continue
-            if child.deadline <= now:
-                child.timed_out = True
-                child.deadline = None
-                _kill(child.pid, group=not self.state.pidns)
-            elif soonest is None or child.deadline < soonest:
-                soonest = child.deadline
-        return None if soonest is None else max(0.0, soonest - now)
-
-    # -- loop ----------------------------------------------------------------------
-
-    def serve(self) -> None:
-        try:
-            while not self.stopping:
-                self._dispatch()
-                timeout = self._expire_deadlines()
-                for key, _ in self.selector.select(timeout):
-                    kind, obj = key.data
-                    if kind == "client":
-                        self._on_client(obj)
-                    elif kind == "listener":
-                        self._accept()
-                    else:
-                        self._on_child_exit(obj)
-        finally:
-            self.shutdown()
-
-    def shutdown(self) -> None:
-        children = list(self.running.values()) + ([self.warm] if self.warm else [])
-        for child in children:
-            _kill(child.pid, group=not self.state.pidns)
-        for child in children:
-            try:
-                os.waitpid(child.pid, 0)
-            except ChildProcessError:
-                pass
-            self._clean_up_after(child)
-
-
-def _kill(pid: int, *, group: bool) -> None:
-    # With a PID namespace, killing its init takes every process of the snippet with it;
-    # without one, the child leads its own session and we kill that process group.
-    for target in (pid, -pid) if group else (pid,):
-        try:
-            os.kill(target, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _read_whole(fd: int) -> str:
-    size = os.fstat(fd).st_size
-    return os.pread(fd, min(size, 1 << 16), 0).decode("utf-8", "replace")
-
-
-def _read_tail(fd: int, max_chars: int) -> tuple[str, bool]:
-    size = os.fstat(fd).st_size
-    length = min(size, max_chars * BYTES_PER_CHAR + BYTES_PER_CHAR)
-    data = os.pread(fd, length, size - length) if length else b""
-    return decode_tail(data, size, max_chars)
-
-
-def _classify(returncode: int | None, timed_out: bool, stderr: str) -> str:
-    if timed_out:
-        return "timeout"
-    if returncode == 0:
-        return "ok"
-    last_line = stderr.rstrip().rsplit("\n", 1)[-1]
-    if "MemoryError" in last_line.split(":", 1)[0]:
-        return "memory"
-    if returncode is not None and returncode < 0:
-        return "signal"
-    return "error"
-
-
-def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -> dict[str, Any]:
-    assert child.request is not None
-    limits = child.request.limits
-    exec_s = ended - child.started
-    queue_s = child.started - child.request.received
-    cpu_s = rusage.ru_utime + rusage.ru_stime
-    returncode = os.waitstatus_to_exitcode(status)
-    if not ready and not child.timed_out:
-        detail = _read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
-        return {
-            "ok": False,
-            "stdout": "",
-            "stderr": f"codepool: sandbox setup failed: {detail}",
-            "returncode": None,
-            "timed_out": False,
-            "latency": queue_s + exec_s,
-            "status": "infra",
-            "exec_s": exec_s,
-            "queue_s": queue_s,
+    state = isolation.setup_zygote(namespaces=config.namespaces)
+    report += state.report()
+    threads = len(os.listdir("/proc/self/task"))
+    report.append(
+        {
+            "name": "zygote threads",
+            "active": threads == 1,
+            "detail": f"{threads} thread(s)"
+            + ("" if threads == 1 else ": forking a multi-threaded zygote is unsafe"),
         }
-    stdout, out_cut = _read_tail(child.out_fd, limits.max_output_chars)
-    stderr, err_cut = _read_tail(child.err_fd, limits.max_output_chars)
-    rc = None if child.timed_out else returncode
-    return {
-        "ok": rc == 0,
-        "stdout": stdout,
-        "stderr": stderr,
-        "returncode": rc,
-        "timed_out": child.timed_out,
-        "latency": queue_s + exec_s,
-        "status": _classify(rc, child.timed_out, stderr),
-        "signal": -returncode if returncode < 0 and not child.timed_out else None,
-        "truncated": out_cut or err_cut,
-        "exec_s": exec_s,
-        "queue_s": queue_s,
-        "cpu_s": cpu_s,
-        "max_rss_kb": rusage.ru_maxrss,
-    }
-
-
-def _rejected(request_id: int, message: str) -> dict[str, Any]:
-    return {
-        "t": "result",
-        "id": request_id,
-        "r": {
-            "ok": False,
-            "stdout": "",
-            "stderr": f"rejected: {message}",
-            "returncode": None,
-            "timed_out": False,
-            "latency": 0.0,
-            "status": "rejected",
-        },
-    }
+    )
+    fresh = runner.Fresh.create() if config.mode == "fork" else None
+    flags = isolation.clone_flags(state) | CLONE_PARENT
+    vm_baseline_bytes = _vm_size_bytes()
+    control.sendall(
+        codec.dumps(
+            {
+                "pid": os.getpid(),
+                "report": report,
+                "root": state.root,
+                "pidns": state.pidns,
+                "separate_uid": state.separate_uid,
+            }
+        )
+    )
+    while True:
+        header, fds, _, _ = socket.recv_fds(control, 4096, 3)
+        if not header:
+            return  # the supervisor is gone
+        request = codec.loads(header)
+        plan = ChildPlan(
+            state,
+            config.mode,
+            request["uid"],
+            config.disk_mb,
+            config.env,
+            vm_baseline_bytes,
+            request["fallback_dir"],
+            fresh,
+        )
+        pid = linux.fork_with_flags(flags)
+        if pid == 0:
+            control.close()
+            if not state.pidns:
+                os.setsid()
+            child_main(plan, *fds)
+        for fd in fds:
+            os.close(fd)
+        control.sendall(codec.dumps({"pid": pid}))
 
 
 def _vm_size_bytes() -> int:
@@ -473,43 +123,15 @@ def _preload(names: list[str]) -> list[dict[str, object]]:
     return [{"name": "preload", "active": not failed, "detail": detail}]
 
 
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s zygote %(message)s")
     config = ZygoteConfig.from_json(argv[1])
-    owner = socket.socket(fileno=config.owner_fd)
+    control = socket.socket(fileno=config.owner_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    report = _preload(config.preload if config.mode == "fork" else [])
-    # Preloaded objects are never freed; keep the collector from touching their pages
-    # so forked children share them instead of copying.
-    gc.collect()
-    gc.freeze()
-    if config.mode == "fork":
-        collapsed, refused = linux.collapse_anonymous_memory()
-        report.append(
-            {
-                "name": "huge pages",
-                "active": collapsed > 0,
-                "detail": f"{collapsed} MiB of the zygote's heap in 2 MiB pages "
-                f"({refused} MiB refused): cheaper fork and exit",
-            }
-        )
-    state = isolation.setup_zygote(namespaces=config.namespaces)
-    report += state.report()
-    threads = _threads()
-    report.append(
-        {
-            "name": "zygote threads",
-            "active": threads == 1,
-            "detail": f"{threads} thread(s)"
-            + ("" if threads == 1 else ": forking a multi-threaded zygote is unsafe"),
-        }
-    )
-    Zygote(config, state, owner, report).serve()
+    if not linux.clone_supported():
+        sys.exit("codepool: the zygote needs clone(2) flags, unsupported on this CPU")
+    serve(config, control)
 
 
 if __name__ == "__main__":

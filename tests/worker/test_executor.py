@@ -6,6 +6,8 @@ import os
 import socket
 import time
 
+import pytest
+
 from codepool.common import format_tool_content
 from codepool.worker import LocalExecutor
 from tests.conftest import assert_nothing_left, processes_of
@@ -227,11 +229,13 @@ def test_executor_is_unreachable_from_the_snippet(executor: LocalExecutor) -> No
         "    except OSError as exc:\n"
         "        print(type(exc).__name__)\n"
     )
-    zygote = executor.zygote_pid
+    pids_before = (executor.supervisor_pid, executor.zygote_pid)
     r = executor.run(code)
     assert r.stdout.startswith("0 1\n")
-    os.kill(zygote, 0)  # still alive
-    assert executor.zygote_pid == zygote and executor.restarts == 0
+    for pid in pids_before:
+        os.kill(pid, 0)  # still alive
+    assert (executor.supervisor_pid, executor.zygote_pid) == pids_before
+    assert executor.restarts == 0
     assert executor.run("print('alive')").stdout == "alive\n"
     pids = executor.run(
         "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
@@ -330,17 +334,18 @@ def test_limits_are_clamped_and_validated() -> None:
             ex.run("print(1)", no_such_limit=1)
 
 
-def test_zygote_death_reruns_in_flight_snippets() -> None:
+@pytest.mark.parametrize("victim", ["zygote", "supervisor"])
+def test_zygote_death_reruns_in_flight_snippets(victim: str) -> None:
     with LocalExecutor(concurrency=2, mode="fork", preload=()) as ex:
-        first = ex.zygote_pid
+        first = ex.zygote_pid if victim == "zygote" else ex.supervisor_pid
         future = ex.submit("import time\ntime.sleep(1)\nprint('survived')")
         time.sleep(0.3)
         os.kill(first, 9)
         r = future.result(timeout=30)
         assert r.stdout == "survived\n" and r.ok
-        assert ex.restarts == 1 and ex.zygote_pid != first
+        assert ex.restarts == 1 and first not in (ex.zygote_pid, ex.supervisor_pid)
         assert ex.run("print(2 + 3)").stdout == "5\n"
-        assert processes_of(ex.snippet_uids, except_children_of=ex.zygote_pid) == []
+        assert processes_of(ex.snippet_uids, except_children_of=ex.supervisor_pid) == []
 
 
 def test_snippet_killing_zygote_twice_gets_infra() -> None:
@@ -360,14 +365,14 @@ def test_snippet_killing_zygote_twice_gets_infra() -> None:
 
 def test_closed_executor_leaves_no_zygote() -> None:
     ex = LocalExecutor(concurrency=1, mode="fork", preload=())
-    pid = ex.zygote_pid
+    pids = (ex.supervisor_pid, ex.zygote_pid)
     ex.close()
-    try:
-        os.kill(pid, 0)
-        alive = True
-    except ProcessLookupError:
-        alive = False
-    assert not alive
+    deadline = time.monotonic() + 10
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+        time.sleep(0.05)
+    assert alive == []
 
 
 def test_no_fd_leak_across_many_snippets(executor: LocalExecutor) -> None:

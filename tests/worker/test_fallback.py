@@ -40,7 +40,7 @@ def test_fallback_runs_and_cleans_up() -> None:
         assert r.ok, r.stderr
         workdir = r.stdout.strip()
         deadline = time.monotonic() + 5
-        while processes_of(ex.snippet_uids, except_children_of=ex.zygote_pid):
+        while processes_of(ex.snippet_uids, except_children_of=ex.supervisor_pid):
             assert time.monotonic() < deadline, "snippet processes outlived it"
             time.sleep(0.05)
         assert not os.path.exists(marker)

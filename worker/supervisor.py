@@ -1,0 +1,485 @@
+"""The supervisor: serves run requests, keeps deadlines, reaps children, sends results.
+
+The executor starts it; it starts the zygote (worker/zygote.py) and asks it, over a
+SEQPACKET socket, to clone children with ``CLONE_PARENT``: each child is the
+supervisor's own, so the supervisor waits for it (wait4, rusage for free) and kills it.
+This keeps the bookkeeping out of the big preloaded process: a fork shares every page
+of the zygote with the child, and every page the zygote then writes is copied again, so
+the zygote does nothing but clone. At most ``concurrency`` snippets run at once; one
+more child is always cloned and waiting so a request does not pay for the fork.
+
+Run as ``python -P -B -m codepool.worker.supervisor CONFIG_JSON``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from codepool.common import codec
+from codepool.common.errors import WireError
+from codepool.common.limits import Limits
+from codepool.common.observation import decode_tail
+from codepool.worker import isolation
+from codepool.worker.child import READY
+from codepool.worker.config import FALLBACK_PREFIX, ZygoteConfig
+from codepool.worker.protocol import FrameReader, encode_frame
+
+log = logging.getLogger("codepool.worker.supervisor")
+
+BYTES_PER_CHAR = 4
+
+
+@dataclass
+class Client:
+    sock: socket.socket
+    owner: bool
+    reader: FrameReader = field(default_factory=FrameReader)
+
+
+@dataclass
+class Request:
+    client: Client | None
+    id: int
+    code: bytes
+    limits: Limits
+    received: float
+
+
+@dataclass
+class Child:
+    pid: int
+    pidfd: int
+    sock: socket.socket
+    out_fd: int
+    err_fd: int
+    slot: int
+    fallback_dir: str | None
+    request: Request | None = None
+    started: float = 0.0
+    deadline: float | None = None
+    timed_out: bool = False
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: ZygoteConfig,
+        zygote: ZygoteHandle,
+        owner: socket.socket,
+    ) -> None:
+        self.config = config
+        self.zygote = zygote
+        self.state = zygote.state
+        self.report = zygote.report
+        self.selector = selectors.DefaultSelector()
+        self.queue: collections.deque[Request] = collections.deque()
+        self.running: dict[int, Child] = {}
+        self.warm_children: collections.deque[Child] = collections.deque()
+        # One uid per slot: running ones plus the (up to two) waiting ones.
+        self.free_slots = list(range(config.concurrency + 2))
+        base = config.uid_base or 200_000 + (os.getpid() % 100_000) * 64
+        self.uid_base = base
+        self.cloning: collections.deque[Child] = collections.deque()  # asked, no pid yet
+        self.stopping = False
+        # Cleared when a waiting child dies during setup, so a host that refuses our
+        # setup does not spin cloning children nobody asked for.
+        self.prefork = True
+        self._add_client(owner, owner=True)
+        self.selector.register(zygote.sock, selectors.EVENT_READ, ("zygote", None))
+        if config.listen_fd >= 0:
+            self.listener: socket.socket | None = socket.socket(fileno=config.listen_fd)
+            self.listener.set_inheritable(False)
+            self.selector.register(self.listener, selectors.EVENT_READ, ("listener", None))
+
+    # -- clients -------------------------------------------------------------------
+
+    def _add_client(self, sock: socket.socket, *, owner: bool) -> None:
+        sock.setblocking(True)
+        client = Client(sock, owner)
+        self.selector.register(sock, selectors.EVENT_READ, ("client", client))
+        slots = self.config.concurrency + 2
+        uids = [self.uid_base, self.uid_base + slots] if self.state.separate_uid else None
+        self._send(
+            client,
+            {
+                "t": "hello",
+                "pid": os.getpid(),
+                "zygote_pid": self.zygote.pid,
+                "report": self.report,
+                "mode": self.config.mode,
+                "concurrency": self.config.concurrency,
+                "uids": uids,
+            },
+        )
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            sock, _ = self.listener.accept()
+        except OSError as exc:
+            log.warning("accept failed: %s", exc)
+            return
+        sock.set_inheritable(False)
+        self._add_client(sock, owner=False)
+
+    def _send(self, client: Client | None, message: dict[str, Any]) -> None:
+        if client is None:
+            return
+        try:
+            client.sock.sendall(encode_frame(message))
+        except OSError:
+            log.warning("client went away before its result could be sent")
+
+    def _on_client(self, client: Client) -> None:
+        try:
+            data = client.sock.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            self._drop_client(client)
+            return
+        try:
+            messages = client.reader.feed(data)
+        except (ValueError, WireError) as exc:
+            log.error("undecodable frame from client, dropping it: %s", exc)
+            self._drop_client(client)
+            return
+        for message in messages:
+            self._on_message(client, message)
+
+    def _drop_client(self, client: Client) -> None:
+        self.selector.unregister(client.sock)
+        client.sock.close()
+        if client.owner:
+            self.stopping = True
+            return
+        self.queue = collections.deque(r for r in self.queue if r.client is not client)
+        for child in self.running.values():
+            if child.request is not None and child.request.client is client:
+                child.request.client = None
+                _kill(child.pid, group=not self.state.pidns)
+
+    def _on_message(self, client: Client, message: dict[str, Any]) -> None:
+        now = time.monotonic()
+        request_id = message.get("id")
+        if message.get("t") != "run" or not isinstance(request_id, int):
+            log.error("ignoring malformed message of type %r", message.get("t"))
+            return
+        code = message.get("code")
+        try:
+            limits = codec.decode_limits(message.get("limits"))
+        except WireError as exc:
+            self._send(client, _rejected(request_id, str(exc)))
+            return
+        if not isinstance(code, bytes):
+            self._send(client, _rejected(request_id, "code must be bytes on the wire"))
+            return
+        if len(code) > limits.max_code_bytes:
+            self._send(
+                client,
+                _rejected(
+                    request_id, f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"
+                ),
+            )
+            return
+        self.queue.append(Request(client, request_id, code, limits, now))
+
+    # -- children ------------------------------------------------------------------
+
+    def _request_clone(self) -> None:
+        """Ask the zygote for one more waiting child; it arrives in _on_zygote."""
+        slot = self.free_slots.pop()
+        uid = self.uid_base + slot if self.state.separate_uid else None
+        fallback_dir = None
+        if not self.state.pidns:
+            fallback_dir = tempfile.mkdtemp(prefix=FALLBACK_PREFIX)
+            if uid is not None:
+                os.chown(fallback_dir, uid, uid)
+        parent_sock, child_sock = socket.socketpair()
+        out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
+        err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
+        header = codec.dumps({"uid": uid, "fallback_dir": fallback_dir})
+        socket.send_fds(self.zygote.sock, [header], [child_sock.fileno(), out_fd, err_fd])
+        child_sock.close()
+        self.cloning.append(Child(0, -1, parent_sock, out_fd, err_fd, slot, fallback_dir))
+
+    def _on_zygote(self) -> None:
+        try:
+            reply = self.zygote.sock.recv(4096)
+        except OSError:
+            reply = b""
+        if not reply:
+            log.error("the zygote exited; stopping so the executor restarts both")
+            self.stopping = True
+            return
+        pid = int(codec.loads(reply)["pid"])
+        child = self.cloning.popleft()
+        child.pid = pid
+        child.pidfd = os.pidfd_open(pid)
+        self.selector.register(child.pidfd, selectors.EVENT_READ, ("child", child))
+        self.warm_children.append(child)
+
+    def _dispatch(self) -> None:
+        while self.queue and len(self.running) < self.config.concurrency and self.warm_children:
+            request = self.queue.popleft()
+            if request.client is None:
+                continue
+            child = self.warm_children.popleft()
+            child.request = request
+            try:
+                child.sock.sendall(
+                    encode_frame(
+                        {"code": request.code, "limits": codec.encode_limits(request.limits)}
+                    )
+                )
+            except OSError:
+                pass  # it died while warm; its exit is reported as an infra result
+            child.started = time.monotonic()
+            child.deadline = child.started + request.limits.timeout_s
+            self.running[child.pid] = child
+        # Keep one child cloned and waiting (two while requests queue up).
+        wanted = 2 if self.queue else 1
+        while (
+            len(self.warm_children) + len(self.cloning) < wanted
+            and self.prefork
+            and self.free_slots
+        ):
+            self._request_clone()
+
+    def _on_child_exit(self, child: Child) -> None:
+        _, status, rusage = os.wait4(child.pid, 0)
+        ended = time.monotonic()
+        self.selector.unregister(child.pidfd)
+        os.close(child.pidfd)
+        try:
+            ready = child.sock.recv(1, socket.MSG_DONTWAIT) == READY
+        except OSError:
+            ready = False
+        child.sock.close()
+        self.running.pop(child.pid, None)
+        if child in self.warm_children:
+            self.warm_children.remove(child)
+            self.prefork = False
+            log.error(
+                "a waiting child died before use (status %d): %s",
+                status,
+                _read_whole(child.err_fd)[-500:],
+            )
+        elif child.request is not None and child.request.client is not None:
+            self.prefork = self.prefork or ready
+            result = _result(child, status, rusage, ended, ready)
+            self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
+        os.close(child.out_fd)
+        os.close(child.err_fd)
+        self._clean_up_after(child)
+        self.free_slots.append(child.slot)
+
+    def _clean_up_after(self, child: Child) -> None:
+        if child.fallback_dir is not None:
+            shutil.rmtree(child.fallback_dir, ignore_errors=True)
+        if not self.state.pidns and self.state.separate_uid:
+            isolation.sweep_uid(self.uid_base + child.slot)
+
+    def _expire_deadlines(self) -> float | None:
+        now = time.monotonic()
+        soonest: float | None = None
+        for child in self.running.values():
+            if child.deadline is None:
+                continue
+            if child.deadline <= now:
+                child.timed_out = True
+                child.deadline = None
+                _kill(child.pid, group=not self.state.pidns)
+            elif soonest is None or child.deadline < soonest:
+                soonest = child.deadline
+        return None if soonest is None else max(0.0, soonest - now)
+
+    # -- loop ----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        try:
+            while not self.stopping:
+                self._dispatch()
+                timeout = self._expire_deadlines()
+                for key, _ in self.selector.select(timeout):
+                    kind, obj = key.data
+                    if kind == "client":
+                        self._on_client(obj)
+                    elif kind == "listener":
+                        self._accept()
+                    elif kind == "zygote":
+                        self._on_zygote()
+                    else:
+                        self._on_child_exit(obj)
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        children = list(self.running.values()) + list(self.warm_children)
+        for child in children:
+            _kill(child.pid, group=not self.state.pidns)
+        for child in children:
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:
+                pass
+            self._clean_up_after(child)
+
+
+def _kill(pid: int, *, group: bool) -> None:
+    # With a PID namespace, killing its init takes every process of the snippet with it;
+    # without one, the child leads its own session and we kill that process group.
+    for target in (pid, -pid) if group else (pid,):
+        try:
+            os.kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _read_whole(fd: int) -> str:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, min(size, 1 << 16), 0).decode("utf-8", "replace")
+
+
+def _read_tail(fd: int, max_chars: int) -> tuple[str, bool]:
+    size = os.fstat(fd).st_size
+    length = min(size, max_chars * BYTES_PER_CHAR + BYTES_PER_CHAR)
+    data = os.pread(fd, length, size - length) if length else b""
+    return decode_tail(data, size, max_chars)
+
+
+def _classify(returncode: int | None, timed_out: bool, stderr: str) -> str:
+    if timed_out:
+        return "timeout"
+    if returncode == 0:
+        return "ok"
+    last_line = stderr.rstrip().rsplit("\n", 1)[-1]
+    if "MemoryError" in last_line.split(":", 1)[0]:
+        return "memory"
+    if returncode is not None and returncode < 0:
+        return "signal"
+    return "error"
+
+
+def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -> dict[str, Any]:
+    assert child.request is not None
+    limits = child.request.limits
+    exec_s = ended - child.started
+    queue_s = child.started - child.request.received
+    cpu_s = rusage.ru_utime + rusage.ru_stime
+    returncode = os.waitstatus_to_exitcode(status)
+    if not ready and not child.timed_out:
+        detail = _read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
+        return {
+            "ok": False,
+            "stdout": "",
+            "stderr": f"codepool: sandbox setup failed: {detail}",
+            "returncode": None,
+            "timed_out": False,
+            "latency": queue_s + exec_s,
+            "status": "infra",
+            "exec_s": exec_s,
+            "queue_s": queue_s,
+        }
+    stdout, out_cut = _read_tail(child.out_fd, limits.max_output_chars)
+    stderr, err_cut = _read_tail(child.err_fd, limits.max_output_chars)
+    rc = None if child.timed_out else returncode
+    return {
+        "ok": rc == 0,
+        "stdout": stdout,
+        "stderr": stderr,
+        "returncode": rc,
+        "timed_out": child.timed_out,
+        "latency": queue_s + exec_s,
+        "status": _classify(rc, child.timed_out, stderr),
+        "signal": -returncode if returncode < 0 and not child.timed_out else None,
+        "truncated": out_cut or err_cut,
+        "exec_s": exec_s,
+        "queue_s": queue_s,
+        "cpu_s": cpu_s,
+        "max_rss_kb": rusage.ru_maxrss,
+    }
+
+
+def _rejected(request_id: int, message: str) -> dict[str, Any]:
+    return {
+        "t": "result",
+        "id": request_id,
+        "r": {
+            "ok": False,
+            "stdout": "",
+            "stderr": f"rejected: {message}",
+            "returncode": None,
+            "timed_out": False,
+            "latency": 0.0,
+            "status": "rejected",
+        },
+    }
+
+
+@dataclass
+class ZygoteHandle:
+    """The supervisor's view of its zygote."""
+
+    process: subprocess.Popen[bytes]
+    sock: socket.socket
+    pid: int
+    state: isolation.IsolationState
+    report: list[dict[str, object]]
+
+
+def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote_config = dataclasses.replace(config, owner_fd=theirs.fileno(), listen_fd=-1)
+    process = subprocess.Popen(
+        [sys.executable, "-P", "-B", "-m", "codepool.worker.zygote", zygote_config.to_json()],
+        pass_fds=[theirs.fileno()],
+        stdin=subprocess.DEVNULL,
+    )
+    theirs.close()
+    ours.settimeout(timeout_s)
+    try:
+        hello = codec.loads(ours.recv(1 << 20))
+    except (OSError, WireError) as exc:
+        process.kill()
+        raise SystemExit(f"codepool: the zygote did not start: {exc}") from exc
+    ours.settimeout(None)
+    state = isolation.IsolationState(
+        root=hello["root"], pidns=hello["pidns"], separate_uid=hello["separate_uid"]
+    )
+    return ZygoteHandle(process, ours, hello["pid"], state, hello["report"])
+
+
+def main(argv: list[str]) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s supervisor %(message)s")
+    config = ZygoteConfig.from_json(argv[1])
+    owner = socket.socket(fileno=config.owner_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    zygote = start_zygote(config)
+    try:
+        Supervisor(config, zygote, owner).serve()
+    finally:
+        zygote.sock.close()
+        try:
+            zygote.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            zygote.process.kill()
+            zygote.process.wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
