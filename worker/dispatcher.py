@@ -26,6 +26,7 @@ from codepool.worker import linux
 from codepool.worker.client import AttachedExecutor
 from codepool.worker.job import BatchRunner, CodepoolJob
 from codepool.worker.stats import StatsBuffer
+from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def main(argv: list[str]) -> int:
         worker_ttl=WORKER_TTL_S,
         log_job_description=False,
     )
+    writer = ResultWriter(conn, settings.keys, stats, settings.batch_ttl_s)
     worker.runner = BatchRunner(
         executor=executor,
         conn=conn,
@@ -107,6 +109,7 @@ def main(argv: list[str]) -> int:
         stats=stats,
         max_limits=Limits.from_dict(config.max_limits),
         stop_requested=lambda: bool(worker._stop_requested),
+        writer=writer,
     )
     stats.start()
     try:
@@ -114,6 +117,7 @@ def main(argv: list[str]) -> int:
         rq_level = "DEBUG" if config.log_level == "DEBUG" else "WARNING"
         worker.work(burst=config.burst, logging_level=rq_level)
     finally:
+        writer.close()
         stats.stop()
         executor.close()
     return 0

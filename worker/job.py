@@ -8,17 +8,19 @@ host's shared executor and writes each result as it finishes (first write wins).
 
 from __future__ import annotations
 
+import functools
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from rq.job import Job
 
-from codepool.common import codec
 from codepool.common.errors import CodepoolError, WireError
 from codepool.common.limits import Limits
 from codepool.common.queueing import batch_queue, enqueue_batch
@@ -27,19 +29,10 @@ from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION, BatchJob
 from codepool.worker.client import ZygoteClient
 from codepool.worker.stats import StatsBuffer
+from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
-# First write wins: HSETNX the result and push the done entry (index and result, so the
-# trainer needs no second read) only if it was the first write: the done list never
-# holds an index twice. TTLs are set per job execution (BatchExecution), not per snippet.
-WRITE_RESULT = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('RPUSH', KEYS[2], ARGV[3])
-  return 1
-end
-return 0
-"""
 HEARTBEAT_EVERY_S = 10.0
 HEARTBEAT_TTL_S = 60
 
@@ -95,6 +88,7 @@ class BatchRunner:
         stats: StatsBuffer,
         max_limits: Limits,
         stop_requested: Callable[[], bool],
+        writer: ResultWriter,
     ) -> None:
         self.executor = executor
         self.conn = conn
@@ -103,7 +97,7 @@ class BatchRunner:
         self.stats = stats
         self.max_limits = max_limits
         self.stop_requested = stop_requested
-        self._script_sha = conn.script_load(WRITE_RESULT)
+        self.writer = writer
 
     def prestart(self, job: Job) -> BatchExecution | None:
         """Decode the batch and start its first snippets before RQ's own bookkeeping
@@ -125,41 +119,6 @@ class BatchRunner:
                 raise
         return execution.finish()
 
-    def write(
-        self, batch: BatchJob, results: list[tuple[int, ExecResult]], *, expire: bool
-    ) -> None:
-        """Write results (first write wins) and count the ones that were first.
-        ``expire``: (re)set both per-batch TTLs in the same round trip."""
-        results_key = self.keys.batch_results(batch.batch_id)
-        done_key = self.keys.batch_done(batch.batch_id)
-        for attempt in range(2):
-            try:
-                with self.conn.pipeline(transaction=False) as pipe:
-                    for index, result in results:
-                        blob = codec.encode_result(result)
-                        pipe.evalsha(
-                            self._script_sha,
-                            2,
-                            results_key,
-                            done_key,
-                            index,
-                            blob,
-                            codec.encode_done_entry(index, blob),
-                        )
-                    if expire:
-                        pipe.expire(results_key, self.settings.batch_ttl_s)
-                        pipe.expire(done_key, self.settings.batch_ttl_s)
-                    replies = pipe.execute()
-                break
-            except redis.exceptions.NoScriptError:
-                # Redis restarted without our script; load it again and retry once.
-                self._script_sha = self.conn.script_load(WRITE_RESULT)
-                if attempt:
-                    raise
-        for (_, result), first in zip(results, replies, strict=False):
-            if first:
-                self.stats.record(result, batch.run)
-
     def _requeue(self, job: Job, payload: Any) -> None:
         batch = BatchJob.decode(payload)
         queue = batch_queue(self.conn, self.settings)
@@ -174,8 +133,9 @@ class BatchRunner:
 
 
 class BatchExecution:
-    """One execution of one batch job: keeps up to ``window`` snippets in the executor
-    (so a stop request leaves little in flight), writes each result as it finishes."""
+    """One execution of one batch job. Keeps up to ``window`` snippets in the executor
+    (so a stop request leaves little in flight); each result is written by the
+    dispatcher's ResultWriter the moment it exists, and this job thread only refills."""
 
     def __init__(self, runner: BatchRunner, job: Job, payload: Any) -> None:
         self.runner = runner
@@ -184,15 +144,17 @@ class BatchExecution:
         self.batch = BatchJob.decode(payload)
         n = len(self.batch.codes)
         self.limits = self.batch.limits.clamp(runner.max_limits)
-        self.in_flight: dict[Future[ExecResult], int] = {}
         self.window = max(1, runner.executor.concurrency) + 1
-        self.written_any = False
-        self.ran = 0
         self.todo: list[int] = []
-        if n > runner.settings.max_batch_snippets:
-            self.oversize = True
+        self.in_flight = 0  # submitted and not yet written (job thread's count)
+        self.ran = 0
+        self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._outstanding = 0  # submitted and not yet written (writer's count)
+        self._ttl_set = False
+        self.oversize = n > runner.settings.max_batch_snippets
+        if self.oversize:
             return
-        self.oversize = False
         done: set[int] = set()
         # A fresh job cannot have results yet; a re-run (a retried or re-enqueued job)
         # skips what is already written.
@@ -202,21 +164,44 @@ class BatchExecution:
         self.todo = [i for i in range(n) if i not in done]
         self.todo.reverse()  # pop() from the end runs them in input order
 
+    # -- called by the writer thread ------------------------------------------------
+
+    def needs_ttl(self, count: int) -> bool:
+        """Account ``count`` results about to be written; True if this write should
+        (re)set the batch's TTLs: its first write, or nothing is left in flight."""
+        with self._lock:
+            self._outstanding -= count
+            first, self._ttl_set = not self._ttl_set, True
+            return first or self._outstanding == 0
+
+    def written(self, count: int) -> None:
+        self._notes.put(count)
+
+    def failed(self, exc: BaseException) -> None:
+        self._notes.put(exc)
+
+    # -- job thread -----------------------------------------------------------------
+
     def fill(self) -> None:
         runner = self.runner
-        while self.todo and len(self.in_flight) < self.window and not runner.stop_requested():
+        while self.todo and self.in_flight < self.window and not runner.stop_requested():
             index = self.todo.pop()
             code = self.batch.codes[index]
+            with self._lock:
+                self._outstanding += 1
+            self.in_flight += 1
             if code is None:
-                future: Future[ExecResult] = Future()
-                future.set_result(
-                    rejected("rejected: code must be str", worker=runner.executor.name)
+                runner.writer.put(
+                    self, index, rejected("rejected: code must be str", worker=runner.executor.name)
                 )
-            else:
-                future = runner.executor.submit_limited(
-                    code.decode("utf-8", "surrogatepass"), self.limits
-                )
-            self.in_flight[future] = index
+                continue
+            future = runner.executor.submit_limited(
+                code.decode("utf-8", "surrogatepass"), self.limits
+            )
+            future.add_done_callback(functools.partial(self._finished, index))
+
+    def _finished(self, index: int, future: Future[ExecResult]) -> None:
+        self.runner.writer.put(self, index, future.result())
 
     def finish(self) -> dict[str, Any]:
         runner, batch, job = self.runner, self.batch, self.job
@@ -227,25 +212,25 @@ class BatchExecution:
                 f"rejected: batch of {n} snippets is over the worker's limit of "
                 f"{runner.settings.max_batch_snippets}"
             )
-            rejections = [(i, rejected(message, worker=runner.executor.name)) for i in range(n)]
-            runner.write(batch, rejections, expire=True)
-            return {"batch": batch.batch_id, "ran": 0, "rejected": n}
+            self.todo = list(range(n))
+            for index in self.todo:
+                with self._lock:
+                    self._outstanding += 1
+                runner.writer.put(self, index, rejected(message, worker=runner.executor.name))
+            self.in_flight, self.todo = n, []
         last_beat = time.monotonic()
         while True:
             self.fill()
             if not self.in_flight:
                 break
-            finished, _ = wait(
-                self.in_flight, timeout=HEARTBEAT_EVERY_S, return_when=FIRST_COMPLETED
-            )
-            results = [(self.in_flight.pop(f), f.result()) for f in finished]
-            if results:
-                self.fill()  # keep the slots busy while we talk to Redis
-                # TTLs with the first write, and again with the last: the producer may
-                # have drained (and so deleted) the done list in between.
-                runner.write(batch, results, expire=not self.written_any or not self.in_flight)
-                self.written_any = True
-                self.ran += len(results)
+            try:
+                note = self._notes.get(timeout=HEARTBEAT_EVERY_S)
+            except queue.Empty:
+                note = 0
+            if isinstance(note, BaseException):
+                raise note
+            self.in_flight -= note
+            self.ran += note
             if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
                 last_beat = time.monotonic()

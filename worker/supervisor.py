@@ -250,8 +250,10 @@ class Supervisor:
             child.started = time.monotonic()
             child.deadline = child.started + request.limits.timeout_s
             self.running[child.pid] = child
-        # Keep one child cloned and waiting (two while requests queue up).
-        wanted = 2 if self.queue else 1
+        # Two children wait ready when idle or busy; while a lone snippet runs, one is
+        # enough, and cloning the second waits until it ends, so neither the clone nor
+        # the new child's setup competes with the snippet for the CPU.
+        wanted = 1 if self.running and not self.queue else 2
         while (
             len(self.warm_children) + len(self.cloning) < wanted
             and self.prefork

@@ -71,8 +71,11 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
         )
     )
     while True:
-        header, fds, _, _ = socket.recv_fds(control, 4096, 3)
-        if not header:
+        try:
+            header, fds, _, _ = socket.recv_fds(control, 4096, 3)
+        except OSError:
+            header, fds = b"", []
+        if not header or len(fds) != 3:
             return  # the supervisor is gone
         request = codec.loads(header)
         plan = ChildPlan(
