@@ -82,7 +82,23 @@ class RemoteSandbox:
         return future
 
     def run_code(self, code: str) -> ExecResult:
-        return self.submit(code).result()
+        with self._count_lock:
+            # An idle sandbox runs a lone blocking call on the caller's own thread:
+            # two thread hand-offs less. Anything concurrent goes through the batcher.
+            direct = self._in_flight == 0 and self._calls.empty() and not self._closed
+            if direct:
+                self._in_flight += 1
+        if not direct:
+            return self.submit(code).result()
+        future: Future[ExecResult] = Future()
+        call = (code, future, time.monotonic())
+        try:
+            batch = self.pool.submit([code], run=self.run, **self.limits)
+        except CodepoolError as exc:
+            self._resolve(call, infra(f"codepool: {exc}"))
+            return future.result()
+        self._collect(batch, [call])
+        return future.result()
 
     async def arun_code(self, code: str) -> ExecResult:
         # wrap_future binds to whichever loop awaits, so asyncio.run per step works.
