@@ -46,8 +46,8 @@ class ExecResult:
         return dataclasses.replace(self, **changes)
 
 
-def rejected(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
-    """A result for input that was refused before anything ran."""
+def not_run(status: str, message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
+    """A result for a snippet that never ran: ``rejected`` input or an ``infra`` fault."""
     return ExecResult(
         ok=False,
         stdout="",
@@ -55,20 +55,16 @@ def rejected(message: str, *, latency: float = 0.0, worker: str = "") -> ExecRes
         returncode=None,
         timed_out=False,
         latency=latency,
-        status="rejected",
+        status=status,
         worker=worker,
     )
+
+
+def rejected(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
+    """A result for input that was refused before anything ran."""
+    return not_run("rejected", message, latency=latency, worker=worker)
 
 
 def infra(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
     """A result for a snippet codepool could not run (executor or queue fault)."""
-    return ExecResult(
-        ok=False,
-        stdout="",
-        stderr=message,
-        returncode=None,
-        timed_out=False,
-        latency=latency,
-        status="infra",
-        worker=worker,
-    )
+    return not_run("infra", message, latency=latency, worker=worker)

@@ -32,6 +32,7 @@ from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.observation import decode_tail
+from codepool.common.result import infra, rejected
 from codepool.worker import isolation
 from codepool.worker.child import READY
 from codepool.worker.config import FALLBACK_PREFIX, ZygoteConfig
@@ -385,17 +386,8 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
     returncode = os.waitstatus_to_exitcode(status)
     if not ready and not child.timed_out:
         detail = _read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
-        return {
-            "ok": False,
-            "stdout": "",
-            "stderr": f"codepool: sandbox setup failed: {detail}",
-            "returncode": None,
-            "timed_out": False,
-            "latency": queue_s + exec_s,
-            "status": "infra",
-            "exec_s": exec_s,
-            "queue_s": queue_s,
-        }
+        failed = infra(f"codepool: sandbox setup failed: {detail}", latency=queue_s + exec_s)
+        return failed.replace(exec_s=exec_s, queue_s=queue_s).to_dict()
     stdout, out_cut = _read_tail(child.out_fd, limits.max_output_chars)
     stderr, err_cut = _read_tail(child.err_fd, limits.max_output_chars)
     rc = None if child.timed_out else returncode
@@ -417,19 +409,7 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
 
 
 def _rejected(request_id: int, message: str) -> dict[str, Any]:
-    return {
-        "t": "result",
-        "id": request_id,
-        "r": {
-            "ok": False,
-            "stdout": "",
-            "stderr": f"rejected: {message}",
-            "returncode": None,
-            "timed_out": False,
-            "latency": 0.0,
-            "status": "rejected",
-        },
-    }
+    return {"t": "result", "id": request_id, "r": rejected(f"rejected: {message}").to_dict()}
 
 
 @dataclass
