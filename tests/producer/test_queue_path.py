@@ -204,3 +204,32 @@ def test_redis_url_from_the_environment(redis_url: str, start_worker: StartWorke
     worker = start_worker(url=None, env={"REDIS_URL": redis_url}, wait=False)
     wait_for_dispatchers(redis_url, worker.name, worker)
     assert CodePool(redis_url).submit(["print(1)"]).results(timeout_s=30)[0].ok
+
+
+def test_async_producer_api_and_threads(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+
+    async def main() -> tuple[list[str], list[int]]:
+        batch = await pool.asubmit([f"print({i})" for i in range(6)], timeout_s=5.0)
+        order = [i async for i, _ in batch.aas_completed(timeout_s=30)]
+        results = await batch.aresults(timeout_s=30)
+        return [r.stdout for r in results], order
+
+    stdouts, order = asyncio.run(main())
+    assert stdouts == [f"{i}\n" for i in range(6)] and sorted(order) == list(range(6))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with RemoteSandbox(redis_url, timeout=5.0) as sandbox, ThreadPoolExecutor(8) as threads:
+        outs = list(threads.map(lambda i: sandbox.run_code(f"print({i} + 1)").stdout, range(24)))
+    assert outs == [f"{i + 1}\n" for i in range(24)]
+
+
+def test_burst_worker_exits_when_the_queue_is_empty(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    pool = CodePool(redis_url)
+    batch = pool.submit(["print('burst')"] * 3)
+    worker = start_worker("--burst", wait=False)
+    assert [r.stdout for r in batch.results(timeout_s=30)] == ["burst\n"] * 3
+    assert worker.process.wait(timeout=30) == 0
