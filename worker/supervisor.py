@@ -255,11 +255,9 @@ class Supervisor:
         # enough, and cloning the second waits until it ends, so neither the clone nor
         # the new child's setup competes with the snippet for the CPU.
         wanted = 1 if self.running and not self.queue else 2
-        while (
-            len(self.warm_children) + len(self.cloning) < wanted
-            and self.prefork
-            and self.free_slots
-        ):
+        if not self.prefork:  # children die in setup here: clone only on demand
+            wanted = 1 if self.queue and len(self.running) < self.config.concurrency else 0
+        while len(self.warm_children) + len(self.cloning) < wanted and self.free_slots:
             self._request_clone()
 
     def _on_child_exit(self, child: Child) -> None:

@@ -96,7 +96,10 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             child_main(plan, *fds)
         for fd in fds:
             os.close(fd)
-        control.sendall(codec.dumps({"pid": pid}))
+        try:
+            control.sendall(codec.dumps({"pid": pid}))
+        except OSError:
+            return  # the supervisor is gone
 
 
 def _vm_size_bytes() -> int:
