@@ -15,7 +15,7 @@ $(BIN)/codepool: pyproject.toml
 
 demo: $(BIN)/codepool
 	$(BIN)/codepool doctor --preload numpy,sympy
-	$(BIN)/codepool run --preload numpy,sympy ops/examples/retool_snippets.py
+	$(BIN)/codepool run --preload numpy,sympy --auto-print ops/examples/retool_snippets.py
 
 test: $(BIN)/codepool
 	$(BIN)/python -m pytest
