@@ -15,7 +15,8 @@ $(BIN)/codepool: pyproject.toml
 
 demo: $(BIN)/codepool
 	$(BIN)/codepool doctor --preload numpy,sympy
-	$(BIN)/codepool run --preload numpy,sympy --auto-print ops/examples/retool_snippets.py
+	mkdir -p build && rm -f build/replay.jsonl
+	$(BIN)/codepool replay ops/examples/rollouts.jsonl -o build/replay.jsonl --timeout 3 --report build/replay.html
 
 test: $(BIN)/codepool
 	$(BIN)/python -m pytest

@@ -13,12 +13,13 @@ from codepool.common.settings import Settings
 def redis_client(settings: Settings, *, block_s: float = 0.0) -> redis.Redis:
     """A client for ``settings.redis_url``; ``block_s`` is the longest blocking command
     this client will issue, added to its socket timeout."""
+    tcp = {} if settings.redis_url.startswith("unix:") else {"socket_keepalive": True}
     return redis.Redis.from_url(
         settings.redis_url,
         socket_timeout=settings.socket_timeout_s + block_s,
         socket_connect_timeout=settings.connect_timeout_s,
-        socket_keepalive=True,
         health_check_interval=30,
+        **tcp,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=3),
         retry_on_error=[redis.exceptions.ConnectionError],
     )

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from codepool.ops import replay_command
+
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(name for name in value.split(",") if name)
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="ceiling on any snippet's memory_mb (default 1024)",
     )
+    replay_command.register(commands)
     run = commands.add_parser("run", help="run snippets on this host and print the tool text")
     run.add_argument(
         "source", help="a .py file (cells split on '# %%%%' lines), '-' for stdin, or code with -c"
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             log_level="DEBUG" if args.verbose else "INFO",
         )
         return WorkerHost(settings, options).serve()
+    if args.command == "replay":
+        return replay_command.run_command(args)
     if args.command == "run":
         from codepool.common import Limits
         from codepool.ops import run

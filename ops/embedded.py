@@ -1,0 +1,84 @@
+"""The embedded default: a private Redis (unix socket in a temp dir) and a local worker,
+started for one command (``codepool replay`` without ``--url``) and stopped after it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+from rq import Worker
+
+from codepool.common.errors import ConfigError
+from codepool.ops.redis_server import RedisServer
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+
+
+@contextmanager
+def embedded_pool(concurrency: int, preload: tuple[str, ...] = ("numpy", "sympy")) -> Iterator[str]:
+    """Yield the URL of a private Redis with one ``codepool worker`` serving it."""
+    server = RedisServer(unix_socket=True).start()
+    log_file = tempfile.NamedTemporaryFile(prefix="codepool-worker-", suffix=".log", delete=False)
+    name = f"embedded-{os.getpid()}"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "codepool.ops.cli",
+            "worker",
+            "--url",
+            server.url,
+            "-c",
+            str(concurrency),
+            "--preload",
+            ",".join(preload),
+            "--name",
+            name,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=log_file,
+        start_new_session=True,
+    )
+    try:
+        _wait_ready(server.url, name, worker, log_file.name)
+        yield server.url
+    finally:
+        _stop(worker)
+        server.close()
+        log_file.close()
+        os.unlink(log_file.name)
+
+
+def _wait_ready(url: str, name: str, worker: subprocess.Popen[bytes], log_path: str) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        while not any(w.name.startswith(name + ".") for w in Worker.all(connection=client)):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                with open(log_path, errors="replace") as f:
+                    tail = f.read()[-2000:]
+                raise ConfigError(f"the embedded worker did not start:\n{tail}")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()

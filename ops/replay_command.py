@@ -1,0 +1,60 @@
+"""``codepool replay IN.jsonl -o OUT.jsonl``: replay a rollout batch, embedded by default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import ExitStack
+
+from codepool.common.errors import CodepoolError
+from codepool.common.settings import Settings
+from codepool.ops.embedded import embedded_pool
+from codepool.ops.report import write_report
+from codepool.producer.pool import CodePool
+from codepool.producer.replay import replay
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "replay", help="replay a saved rollout batch (JSONL) and write one line per code call"
+    )
+    parser.add_argument("input", help="JSONL: lines with 'code', or chat 'messages'")
+    parser.add_argument("-o", "--output", required=True, help="JSONL results (appended, resumed)")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="Redis URL of a running pool (default $REDIS_URL; without either, "
+        "a private Redis and a local worker are started and stopped)",
+    )
+    parser.add_argument(
+        "-c", "--concurrency", type=int, default=2, help="slots of the embedded worker"
+    )
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+    parser.add_argument("--run", default="replay", help="run tag for the stats")
+    parser.add_argument("--report", default=None, help="write an HTML report here")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    url = args.url or os.environ.get("REDIS_URL")
+    with ExitStack() as stack:
+        try:
+            if url is None:
+                print(
+                    "no --url and no REDIS_URL: starting a private Redis and a local worker",
+                    file=sys.stderr,
+                )
+                url = stack.enter_context(embedded_pool(args.concurrency))
+            pool = CodePool(url, settings=Settings.from_env(redis_url=url))
+            summary = replay(pool, args.input, args.output, timeout_s=args.timeout, run=args.run)
+            pool.close()
+        except CodepoolError as exc:
+            print(f"codepool replay: {exc}", file=sys.stderr)
+            return 2
+    for line in summary.bad_lines:
+        print(f"skipped: {line}", file=sys.stderr)
+    print(summary.table())
+    if args.report:
+        write_report(args.output, args.report)
+        print(f"report: {args.report}")
+    return 0

@@ -1,0 +1,160 @@
+"""Replay a saved rollout batch through the pool: one output line per code call.
+
+Output lines: ``{"id", "status", "observation", "latency_s", "exec_s", "queue_s",
+"returncode", "timed_out", "truncated"}``, where ``observation`` is exactly the tool
+message the policy saw (or would see). Resumable: ids already in the output are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from codepool.common.observation import format_tool_content
+from codepool.common.result import ExecResult
+from codepool.producer.pool import CodePool
+from codepool.producer.rollouts import Call, RolloutError, read_calls
+
+CHUNK = 256  # calls per batch: enough to keep every slot busy, small enough to resume
+
+
+@dataclass
+class ReplaySummary:
+    """What a replay did (skipped: already in the output)."""
+
+    statuses: Counter[str] = field(default_factory=Counter)
+    exec_s: list[float] = field(default_factory=list)  # time each call ran
+    skipped: int = 0
+    bad_lines: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def ran(self) -> int:
+        return sum(self.statuses.values())
+
+    def percentile_ms(self, q: float) -> float:
+        if not self.exec_s:
+            return 0.0
+        ordered = sorted(self.exec_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
+
+    def table(self) -> str:
+        lines = [f"{'status':<10} {'count':>7} {'share':>7}"]
+        for status, count in self.statuses.most_common():
+            lines.append(f"{status:<10} {count:>7} {count / max(1, self.ran):>7.1%}")
+        rate = self.ran / self.wall_s if self.wall_s else 0.0
+        lines += [
+            f"{'total':<10} {self.ran:>7}   (skipped {self.skipped} already done, "
+            f"{len(self.bad_lines)} bad lines)",
+            f"run time p50 {self.percentile_ms(0.5):.1f} ms, p95 {self.percentile_ms(0.95):.1f} ms;"
+            f" {rate:.1f} calls/s over {self.wall_s:.1f} s",
+        ]
+        return "\n".join(lines)
+
+
+def done_ids(path: str) -> set[str]:
+    """Ids already written to a previous (maybe interrupted) replay's output."""
+    if not os.path.exists(path):
+        return set()
+    ids = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                ids.add(str(json.loads(line)["id"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut short by an interrupted run is written again
+    return ids
+
+
+def drop_partial_last_line(path: str) -> None:
+    """An interrupted run may leave half a line; cut it so appended lines stay whole."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def output_record(call_id: str, result: ExecResult, timeout_s: float) -> dict[str, object]:
+    return {
+        "id": call_id,
+        "status": result.status,
+        "observation": format_tool_content(result, timeout_s=timeout_s),
+        "latency_s": round(result.latency, 6),
+        "exec_s": round(result.exec_s, 6),
+        "queue_s": round(result.queue_s, 6),
+        "returncode": result.returncode,
+        "timed_out": result.timed_out,
+        "truncated": result.truncated,
+    }
+
+
+class Progress:
+    """A one-line progress bar on a terminal (stderr); silent elsewhere."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.enabled = stream.isatty()
+        self.started = time.monotonic()
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * self.done / max(1, self.total))
+        rate = self.done / max(1e-9, time.monotonic() - self.started)
+        self.stream.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {rate:.0f}/s"
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+
+
+def replay(
+    pool: CodePool, in_path: str, out_path: str, *, timeout_s: float, run: str = "replay"
+) -> ReplaySummary:
+    """Run every call of ``in_path`` not yet in ``out_path``; append results as they come."""
+    summary = ReplaySummary()
+    drop_partial_last_line(out_path)
+    already = done_ids(out_path)
+    pending: list[Call] = []
+    for item in read_calls(in_path):
+        if isinstance(item, RolloutError):
+            summary.bad_lines.append(str(item))
+        elif item.id in already:
+            summary.skipped += 1
+        else:
+            pending.append(item)
+    progress = Progress(len(pending))
+    started = time.monotonic()
+    with open(out_path, "a", encoding="utf-8") as out:
+        for chunk in _chunks(pending, CHUNK):
+            batch = pool.submit([call.code for call in chunk], run=run, timeout_s=timeout_s)
+            for index, result in batch.as_completed():
+                record = output_record(chunk[index].id, result, timeout_s)
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                out.flush()  # a killed replay keeps every line it finished
+                summary.statuses[result.status] += 1
+                summary.exec_s.append(result.exec_s)
+                progress.advance()
+    progress.close()
+    summary.wall_s = time.monotonic() - started
+    return summary
+
+
+def _chunks(calls: list[Call], size: int) -> Iterable[list[Call]]:
+    for start in range(0, len(calls), size):
+        yield calls[start : start + size]

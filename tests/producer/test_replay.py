@@ -1,0 +1,195 @@
+"""`codepool replay`: rollout formats, resume, the embedded default, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from codepool.producer import CodePool
+from codepool.producer.replay import replay
+from codepool.producer.rollouts import Call, RolloutError, calls_in_line
+from tests.conftest import WorkerProcess
+
+StartWorker = Callable[..., WorkerProcess]
+
+OPENAI_LINE = {
+    "id": "oa",
+    "messages": [
+        {"role": "user", "content": "2+3?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {
+                        "name": "code_interpreter",
+                        "arguments": json.dumps({"code": "print(2 + 3)"}),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "python", "arguments": json.dumps({"code": "print(7)"})},
+                }
+            ],
+        },
+        {"role": "assistant", "content": "5"},
+    ],
+}
+QWEN_LINE = {
+    "id": "qw",
+    "messages": [
+        {"role": "user", "content": "17^23 mod 1000?"},
+        {
+            "role": "assistant",
+            "content": "Using Python.\n<tool_call>\n<function=code_interpreter>\n"
+            "<parameter=code>\nprint(pow(17, 23, 1000))\n</parameter>\n</function>\n</tool_call>",
+        },
+        {"role": "user", "content": "<tool_response>\n713\n</tool_response>"},
+    ],
+}
+
+
+def test_rollout_formats() -> None:
+    assert calls_in_line(json.dumps({"id": 7, "code": "x = 1"}), 1) == [Call("7", "x = 1")]
+    assert calls_in_line(json.dumps({"code": "x"}), 4) == [Call("4", "x")]
+    assert calls_in_line(json.dumps(OPENAI_LINE), 1) == [
+        Call("oa:0", "print(2 + 3)"),
+        Call("oa:1", "print(7)"),
+    ]
+    assert calls_in_line(json.dumps(QWEN_LINE), 1) == [Call("qw:0", "print(pow(17, 23, 1000))")]
+    for bad in ("{not json", "[1, 2]", json.dumps({"id": 1})):
+        with pytest.raises(RolloutError):
+            calls_in_line(bad, 9)
+
+
+def _write_input(path: Path) -> None:
+    lines = [
+        {"id": "a", "code": "print('<|im_end|>')"},
+        {"id": "b", "code": "1/0"},
+        {"id": "t", "code": "while True: pass"},
+        OPENAI_LINE,
+        QWEN_LINE,
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n{broken\n")
+
+
+def _read(path: Path) -> dict[str, dict[str, object]]:
+    return {r["id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_replay_and_resume(redis_url: str, start_worker: StartWorker, tmp_path: Path) -> None:
+    start_worker()
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source)
+    pool = CodePool(redis_url)
+    summary = replay(pool, str(source), str(out), timeout_s=1.0)
+    assert summary.ran == 6 and summary.skipped == 0 and len(summary.bad_lines) == 1
+    records = _read(out)
+    assert records["a"]["observation"] == "< im_end >\n"
+    assert records["b"]["status"] == "error"
+    assert str(records["b"]["observation"]).endswith("ZeroDivisionError: division by zero\n")
+    assert records["t"]["observation"] == "Error: execution timed out after 1 seconds."
+    assert records["oa:0"]["observation"] == "5\n" and records["oa:1"]["observation"] == "7\n"
+    assert records["qw:0"]["observation"] == "713\n"
+    assert "ok" in summary.table() and summary.statuses["timeout"] == 1
+    # Interrupted run: the last two lines (one half-written) are missing; resume redoes them.
+    kept = out.read_text().splitlines()[:-2]
+    out.write_text("\n".join(kept) + '\n{"id": "qw:0", "stat')
+    again = replay(pool, str(source), str(out), timeout_s=1.0)
+    assert again.skipped == 4 and again.ran == 2
+    assert sorted(_read(out)) == sorted(records)
+    assert replay(pool, str(source), str(out), timeout_s=1.0).ran == 0
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(cmdline)
+    return found
+
+
+def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
+    source, out, report = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "r.html"
+    _write_input(source)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    before = set(os.listdir("/tmp"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "codepool.ops.cli",
+            "replay",
+            str(source),
+            "-o",
+            str(out),
+            "--timeout",
+            "1",
+            "--report",
+            str(report),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stderr
+    assert "starting a private Redis" in stderr
+    assert len(_read(out)) == 6 and "total" in stdout and "p95" in stdout
+    assert "Status breakdown" in report.read_text() and "<svg" in report.read_text()
+    assert _processes_mentioning(f"embedded-{proc.pid}") == []
+    leftovers = [
+        d
+        for d in set(os.listdir("/tmp")) - before
+        if d.startswith(("codepool-redis-", "codepool-worker-"))
+    ]
+    assert leftovers == []
+    assert [c for c in _processes_mentioning("redis-server") if "redis.sock" in c] == []
+
+
+def test_embedded_default_without_redis_says_how_to_get_it(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    _write_input(source)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["PATH"] = str(tmp_path)  # no redis-server anywhere on it
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "codepool.ops.cli",
+            "replay",
+            str(source),
+            "-o",
+            str(tmp_path / "out.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 2
+    message = [line for line in proc.stderr.splitlines() if "redis-server" in line]
+    assert len(message) == 1 and "apt-get install redis-server" in message[0]
