@@ -35,6 +35,7 @@ from codepool.worker.executor import LocalExecutor
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 5.0
+QUICK_EXIT_S = 10.0
 STOP_GRACE_S = 600.0
 
 
@@ -60,6 +61,9 @@ class WorkerHost:
         self.dispatcher_count = options.dispatchers or max(2, options.concurrency)
         self.signals = 0
         self.dispatchers: dict[int, subprocess.Popen[bytes]] = {}
+        self._started_at: dict[int, float] = {}
+        self._failures: dict[int, int] = {}
+        self._restart_at: dict[int, float] = {}
         self._dir = tempfile.mkdtemp(prefix="codepool-worker-")  # 0700
         self.executor: LocalExecutor | None = None
         self.conn: redis.Redis = redis_client(settings)
@@ -127,10 +131,11 @@ class WorkerHost:
             stdin=subprocess.DEVNULL,
         )
         self.dispatchers[slot] = process
+        self._started_at[slot] = time.monotonic()
 
     def _supervise(self) -> None:
         last_beat = 0.0
-        while self.dispatchers:
+        while self.dispatchers or (self._restart_at and not self.signals):
             if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 self._heartbeat()
                 last_beat = time.monotonic()
@@ -142,10 +147,22 @@ class WorkerHost:
                 del self.dispatchers[slot]
                 if self.signals or self.options.burst:
                     continue
+                # One that dies young (Redis down, say) waits longer each time.
+                quick = time.monotonic() - self._started_at[slot] < QUICK_EXIT_S
+                self._failures[slot] = self._failures.get(slot, 0) + 1 if quick else 0
+                delay_s = min(30.0, 0.5 * 2 ** self._failures[slot]) if quick else 0.0
                 log.error(
-                    "worker %s: dispatcher %d exited with %s; restarting it", self.name, slot, code
+                    "worker %s: dispatcher %d exited with %s; restarting it in %.1f s",
+                    self.name,
+                    slot,
+                    code,
+                    delay_s,
                 )
-                self._start_dispatcher(slot)
+                self._restart_at[slot] = time.monotonic() + delay_s
+            for slot, when in list(self._restart_at.items()):
+                if time.monotonic() >= when and not self.signals:
+                    del self._restart_at[slot]
+                    self._start_dispatcher(slot)
 
     def _stop_dispatchers(self) -> None:
         for process in self.dispatchers.values():
