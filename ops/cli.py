@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from codepool.ops import replay_command
+from codepool.ops import exporter, replay_command, stats
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="ceiling on any snippet's memory_mb (default 1024)",
     )
     replay_command.register(commands)
+    stats.register(commands)
+    exporter.register(commands)
     run = commands.add_parser("run", help="run snippets on this host and print the tool text")
     run.add_argument(
         "source", help="a .py file (cells split on '# %%%%' lines), '-' for stdin, or code with -c"
@@ -108,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             log_level="DEBUG" if args.verbose else "INFO",
         )
         return WorkerHost(settings, options).serve()
+    if args.command == "stats":
+        return stats.run_command(args)
+    if args.command == "exporter":
+        return exporter.run_command(args)
     if args.command == "replay":
         return replay_command.run_command(args)
     if args.command == "run":
