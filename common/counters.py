@@ -6,7 +6,18 @@ from collections.abc import Mapping
 
 from codepool.common.result import STATUSES, ExecResult
 
-FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us")
+# Latency histogram: one counter per bucket (not cumulative), so dashboards can show
+# percentiles from integer counters alone. Upper edges in ms; the last bucket is +Inf.
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+BUCKET_FIELDS = (*(f"latency_le_{ms}ms" for ms in LATENCY_BUCKETS_MS), "latency_le_inf")
+FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us", *BUCKET_FIELDS)
+
+
+def _bucket_field(latency_ms: float) -> str:
+    for edge_ms, field in zip(LATENCY_BUCKETS_MS, BUCKET_FIELDS, strict=False):
+        if latency_ms <= edge_ms:
+            return field
+    return BUCKET_FIELDS[-1]
 
 
 def count(result: ExecResult) -> dict[str, int]:
@@ -17,7 +28,29 @@ def count(result: ExecResult) -> dict[str, int]:
         "latency_us": int(result.latency * 1e6),
         "exec_us": int(result.exec_s * 1e6),
         "queue_us": int(result.queue_s * 1e6),
+        _bucket_field(result.latency * 1e3): 1,
     }
+
+
+def cumulative_buckets(counters: Mapping[str, int]) -> list[tuple[float, int]]:
+    """Prometheus-style (upper edge in s, cumulative count); the last edge is +inf."""
+    edges = [ms / 1e3 for ms in LATENCY_BUCKETS_MS] + [float("inf")]
+    running, out = 0, []
+    for edge, field in zip(edges, BUCKET_FIELDS, strict=True):
+        running += counters.get(field, 0)
+        out.append((edge, running))
+    return out
+
+
+def latency_percentile_ms(counters: Mapping[str, int], q: float) -> float | None:
+    """The upper edge (ms) of the bucket holding the q-quantile; None with no data, and
+    inf when it falls in the last (open) bucket."""
+    buckets = cumulative_buckets(counters)
+    total = buckets[-1][1]
+    if total == 0:
+        return None
+    rank = q * total
+    return next(edge * 1e3 for edge, cumulative in buckets if cumulative >= rank)
 
 
 def metrics(counters: Mapping[str, int]) -> dict[str, float]:

@@ -4,12 +4,9 @@ The exporter keeps no state of its own: every scrape reads the same counter hash
 ``codepool stats`` (via ``stats.snapshot``), so any number of exporters agree and a
 restart loses nothing.
 
-Why the latency histogram has a single bucket: the dispatchers store only sums
-(``calls``, ``latency_us``, ``exec_us``, ``queue_us``), never per-snippet latencies, so
-there is nothing to sort into finer buckets. ``codepool_snippet_latency_seconds`` is still
-a valid histogram (one ``le="+Inf"`` bucket, count = calls, sum = latency), which gives
-the mean latency over any window as ``rate(_sum) / rate(_count)``. Finer buckets would
-need new per-bucket counters in Redis; inventing them here would be dishonest.
+The latency histogram comes from the per-bucket counters the dispatchers keep
+(``latency_le_*`` fields, see ``common/counters.py``), so ``histogram_quantile`` works on
+it; its sum is ``latency_us`` and its count ``calls``.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from codepool.common import counters
 from codepool.common.connection import redis_client
 from codepool.common.errors import CodepoolError
 from codepool.common.result import STATUSES
@@ -83,8 +81,11 @@ class PoolCollector(Collector):
         yield snippets
         yield HistogramMetricFamily(
             "codepool_snippet_latency_seconds",
-            "Snippet latency on the worker, hand-off to result (one +Inf bucket: only sums stored)",
-            buckets=[("+Inf", totals["calls"])],
+            "Snippet latency on the worker, hand-off to result",
+            buckets=[
+                ("+Inf" if edge == float("inf") else repr(edge), count)
+                for edge, count in counters.cumulative_buckets(totals)
+            ],
             sum_value=totals["latency_us"] / 1e6,
         )
         yield CounterMetricFamily(

@@ -1,10 +1,10 @@
 """``codepool stats``: the pool's counters, rates, queue and workers, read from Redis.
 
 Everything shown is derived from the counter hashes the dispatchers flush (plain integer
-sums, see README "Redis layout"), so latencies are means: per-snippet latencies are not
-stored anywhere, and percentiles cannot be computed honestly from sums. Latency is the
-worker's view (executor hand-off to result); time a batch waits in the RQ queue is not
-counted in it, which is why the queue depth is shown beside it.
+sums and latency-bucket counts, see README "Redis layout"): means come from the sums,
+percentiles from the buckets (as the bucket's upper edge). Latency is the worker's view
+(executor hand-off to result); time a batch waits in the RQ queue is not counted in it,
+which is why the queue depth is shown beside it.
 """
 
 from __future__ import annotations
@@ -133,6 +133,12 @@ def _workers(
     return views
 
 
+def _edge(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return "> 30 s" if ms == float("inf") else f"<= {ms:g} ms"
+
+
 def render(snap: Snapshot) -> str:
     """A compact plain-text view of ``snap`` (fits 80 columns for short worker names)."""
     totals = snap["counters"]
@@ -149,6 +155,9 @@ def render(snap: Snapshot) -> str:
         " [cluster]",
         f"mean     latency {means['latency']:.1f} ms  exec {means['exec']:.1f} ms  "
         f"queue {means['queue']:.1f} ms",
+        f"latency  p50 {_edge(counters.latency_percentile_ms(totals, 0.5))}  "
+        f"p95 {_edge(counters.latency_percentile_ms(totals, 0.95))}  "
+        f"p99 {_edge(counters.latency_percentile_ms(totals, 0.99))}",
         f"queue    {snap['queue_depth']} batches waiting",
         f"workers  {snap['workers_alive']} alive, {stale} stale",
     ]

@@ -41,3 +41,19 @@ def test_metrics_are_exact_under_threads() -> None:
     assert m["sandbox/error_rate"] == 0.25
     assert m["sandbox/timeout_rate"] == 0.25
     assert abs(m["sandbox/latency"] - 0.003) < 1e-9
+
+
+def test_latency_buckets_give_percentiles() -> None:
+    from collections import Counter
+
+    from codepool.common import counters
+
+    totals: Counter[str] = Counter()
+    for latency_s in (0.003, 0.004, 0.02, 0.3, 0.3, 0.3, 2.0, 40.0):
+        totals.update(counters.count(_r("ok", latency_s)))
+    assert sum(totals[f] for f in counters.BUCKET_FIELDS) == totals["calls"] == 8
+    buckets = counters.cumulative_buckets(totals)
+    assert buckets[0] == (0.005, 2) and buckets[-1] == (float("inf"), 8)
+    assert counters.latency_percentile_ms(totals, 0.5) == 500
+    assert counters.latency_percentile_ms(totals, 0.99) == float("inf")
+    assert counters.latency_percentile_ms({}, 0.5) is None

@@ -122,6 +122,8 @@ def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker)
         assert _sample(samples, "codepool_snippets_total", status=status) == expected, status
     assert _sample(samples, "codepool_snippet_latency_seconds_count") == 5
     assert _sample(samples, "codepool_snippet_latency_seconds_bucket", le="+Inf") == 5
+    # The 1 s timeout lands above 0.5 s; the quick snippets below it.
+    assert _sample(samples, "codepool_snippet_latency_seconds_bucket", le="0.5") == 4
     client = redis.Redis.from_url(redis_url)
     latency_us = int(client.hget(Keys().stats(), "latency_us") or 0)
     client.close()
