@@ -25,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=(),
         help="comma-separated modules to preload, e.g. numpy,sympy",
     )
+    doctor.add_argument(
+        "--url",
+        default=None,
+        help="also check this Redis (default $REDIS_URL when set): version, persistence, "
+        "maxmemory-policy, ACL rights",
+    )
     worker = commands.add_parser("worker", help="run a worker host: executor + RQ dispatchers")
     worker.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
     worker.add_argument("-c", "--concurrency", type=int, default=2, help="snippet slots")
@@ -89,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command == "doctor":
+        import os
+
         from codepool.ops import doctor
 
-        return doctor.main(args.mode, args.preload)
+        return doctor.main(args.mode, args.preload, args.url or os.environ.get("REDIS_URL"))
     if args.command == "worker":
         from codepool.common import Limits
         from codepool.common.settings import Settings

@@ -49,12 +49,17 @@ def format_lines(lines: list[dict[str, Any]]) -> str:
     )
 
 
-def main(mode: str, preload: tuple[str, ...]) -> int:
+def main(mode: str, preload: tuple[str, ...], url: str | None = None) -> int:
+    """Print the executor's protections and, with ``url``, the Redis checks."""
     lines = diagnose(mode, preload)
+    if url:
+        from codepool.ops.redis_checks import check_redis
+
+        lines += check_redis(url)
     print(format_lines(lines))
     missing = [line["name"] for line in lines if not line["active"]]
     if missing:
-        print(f"\n{len(missing)} protection(s) not active: {', '.join(map(str, missing))}")
+        print(f"\n{len(missing)} check(s) not passed: {', '.join(map(str, missing))}")
         return 1
-    print("\nall protections active")
+    print("\nall protections active" + (" and Redis set up as codepool needs" if url else ""))
     return 0

@@ -1,7 +1,8 @@
 """One dispatcher process of ``codepool worker``: an RQ worker that runs batch jobs in
 process (no fork per job) on the host's shared executor.
 
-Run as ``python -m codepool.worker.dispatcher CONFIG_JSON`` by the worker host.
+Run by the worker host as ``python -m codepool.worker.dispatcher`` with its JSON config
+on stdin.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Dispatcher(SimpleWorker):
 
 
 def main(argv: list[str]) -> int:
-    config = DispatcherConfig.from_json(argv[1])
+    # Read from stdin (the host pipes it) so the Redis password is never in argv.
+    config = DispatcherConfig.from_json(argv[1] if len(argv) > 1 else sys.stdin.read())
     # Die with the worker host even if it is killed -9; RQ re-runs what we held.
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     if config.parent_pid and os.getppid() != config.parent_pid:

@@ -126,10 +126,14 @@ class WorkerHost:
             burst=self.options.burst,
             log_level=self.options.log_level,
         )
+        # The config (Redis URL and password included) goes through a pipe, not argv:
+        # a command line is visible to every local user.
         process = subprocess.Popen(
-            [sys.executable, "-m", "codepool.worker.dispatcher", config.to_json()],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "codepool.worker.dispatcher"], stdin=subprocess.PIPE
         )
+        assert process.stdin is not None
+        process.stdin.write(config.to_json().encode())
+        process.stdin.close()
         self.dispatchers[slot] = process
         self._started_at[slot] = time.monotonic()
 

@@ -233,3 +233,21 @@ def test_burst_worker_exits_when_the_queue_is_empty(
     worker = start_worker("--burst", wait=False)
     assert [r.stdout for r in batch.results(timeout_s=30)] == ["burst\n"] * 3
     assert worker.process.wait(timeout=30) == 0
+
+
+def test_dispatchers_get_the_redis_url_off_their_command_line(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker()
+    dispatchers = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "codepool.worker.dispatcher" in cmdline:
+                dispatchers.append(cmdline)
+    assert len(dispatchers) >= 2
+    assert not any(redis_url in cmdline for cmdline in dispatchers)
