@@ -51,6 +51,21 @@ def processes_of(uids: range, *, except_children_of: int = 0) -> list[str]:
     return found
 
 
+def command_lines(containing: str) -> list[str]:
+    """Command lines of live processes that contain ``containing``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if containing in cmdline:
+                found.append(cmdline)
+    return found
+
+
 def waiting_children(executor: LocalExecutor) -> list[int]:
     """The supervisor's children other than the zygote: the snippets' processes."""
     pid = executor.supervisor_pid

@@ -15,7 +15,7 @@ from rq.job import Job, JobStatus
 from codepool.common.codec import MsgpackSerializer, decode_result
 from codepool.common.keys import Keys
 from codepool.producer import CodePool, RemoteSandbox
-from tests.conftest import WorkerProcess, wait_for_dispatchers
+from tests.conftest import WorkerProcess, command_lines, wait_for_dispatchers
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -239,15 +239,6 @@ def test_dispatchers_get_the_redis_url_off_their_command_line(
     redis_url: str, start_worker: StartWorker
 ) -> None:
     start_worker()
-    dispatchers = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "codepool.worker.dispatcher" in cmdline:
-                dispatchers.append(cmdline)
+    dispatchers = command_lines("codepool.worker.dispatcher")
     assert len(dispatchers) >= 2
     assert not any(redis_url in cmdline for cmdline in dispatchers)

@@ -14,7 +14,7 @@ import pytest
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
-from tests.conftest import WorkerProcess
+from tests.conftest import WorkerProcess, command_lines
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -117,20 +117,6 @@ def test_replay_and_resume(redis_url: str, start_worker: StartWorker, tmp_path: 
     assert replay(pool, str(source), str(out), timeout_s=1.0).ran == 0
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmdline:
-                found.append(cmdline)
-    return found
-
-
 def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     source, out, report = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "r.html"
     _write_input(source)
@@ -160,14 +146,14 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     assert "starting a private Redis" in stderr
     assert len(_read(out)) == 6 and "total" in stdout and "p95" in stdout
     assert "Status breakdown" in report.read_text() and "<svg" in report.read_text()
-    assert _processes_mentioning(f"embedded-{proc.pid}") == []
+    assert command_lines(f"embedded-{proc.pid}") == []
     leftovers = [
         d
         for d in set(os.listdir("/tmp")) - before
         if d.startswith(("codepool-redis-", "codepool-worker-"))
     ]
     assert leftovers == []
-    assert [c for c in _processes_mentioning("redis-server") if "redis.sock" in c] == []
+    assert [c for c in command_lines("redis-server") if "redis.sock" in c] == []
 
 
 def test_embedded_default_without_redis_says_how_to_get_it(tmp_path: Path) -> None:
