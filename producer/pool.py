@@ -14,6 +14,7 @@ its results hash (HMGET). What has no result by the deadline comes back as ``inf
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
@@ -28,6 +29,8 @@ from codepool.common.queueing import batch_queue, enqueue_batch
 from codepool.common.result import ExecResult, infra
 from codepool.common.settings import Settings
 from codepool.common.wire import RUN_TAG_MAX_CHARS, BatchJob, new_batch_id
+
+log = logging.getLogger(__name__)
 
 # How long one blocking read waits before the deadline is checked again.
 POLL_BLOCK_S = 5.0
@@ -56,10 +59,26 @@ class CodePool:
         self.conn = redis_client(self.settings, block_s=POLL_BLOCK_S)
         self._queue = batch_queue(self.conn, self.settings)
 
-    def submit(self, codes: Sequence[Any], *, run: str = "", **limits: Any) -> Batch:
+    def submit(
+        self,
+        codes: Sequence[Any],
+        *,
+        run: str = "",
+        deadline_s: float | None = None,
+        requeue: bool = True,
+        **limits: Any,
+    ) -> Batch:
         """Enqueue ``codes`` as one batch and return at once. Keywords: Limits fields
         (``timeout_s``, ``memory_mb``, ...). Entries that are not str come back
-        ``rejected``; a batch over the size limit raises ConfigError."""
+        ``rejected``; a batch over the size limit raises ConfigError.
+
+        deadline_s: how long the batch may take before what is missing counts as lost
+            (default: every timeout end to end plus a minute, at most an hour).
+        requeue: at the deadline, enqueue the missing snippets once more (a worker died
+            with them) and wait one more deadline; without it, or after that, they come
+            back as ``infra``. Results are first-write-wins, so a late original run and
+            the re-run never both show up.
+        """
         if isinstance(codes, (str, bytes)):
             raise ConfigError("submit takes a sequence of snippets, not one string")
         codes = list(codes)
@@ -81,7 +100,15 @@ class CodePool:
                 )
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
-        return Batch(self, batch_id, len(codes), effective)
+        return Batch(
+            self,
+            batch_id,
+            len(codes),
+            effective,
+            payload=payload,
+            deadline_s=deadline_s,
+            requeue=requeue,
+        )
 
     async def asubmit(self, codes: Sequence[Any], *, run: str = "", **limits: Any) -> Batch:
         """``submit`` for async callers (runs in a thread; any event loop)."""
@@ -103,11 +130,24 @@ class CodePool:
 class Batch:
     """One submitted batch: collect its results once, in order or as they complete."""
 
-    def __init__(self, pool: CodePool, batch_id: str, size: int, limits: Limits) -> None:
+    def __init__(
+        self,
+        pool: CodePool,
+        batch_id: str,
+        size: int,
+        limits: Limits,
+        *,
+        payload: bytes = b"",
+        deadline_s: float | None = None,
+        requeue: bool = True,
+    ) -> None:
         self.pool = pool
         self.id = batch_id
         self.size = size
         self.limits = limits
+        self.payload = payload
+        self.deadline_s = deadline_s if deadline_s is not None else self.default_deadline_s()
+        self.requeues_left = 1 if requeue and payload else 0
         self.submitted = time.monotonic()
         self._results: dict[int, ExecResult] = {}
 
@@ -119,14 +159,20 @@ class Batch:
         return min(3600.0, 60.0 + self.limits.timeout_s * max(1, self.size))
 
     def as_completed(self, timeout_s: float | None = None) -> Iterator[tuple[int, ExecResult]]:
-        """Yield ``(index, result)`` as results arrive; at the deadline, the rest as infra."""
-        deadline = time.monotonic() + (
-            timeout_s if timeout_s is not None else self.default_deadline_s()
-        )
+        """Yield ``(index, result)`` as results arrive. At the batch's deadline what is
+        missing is re-enqueued once (see ``submit``); after that, or once ``timeout_s``
+        (this call's own limit) has passed, it comes back as infra."""
+        give_up = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = self.submitted + self.deadline_s
         keys = self.pool.keys
         done_key = keys.batch_done(self.id)
         while len(self._results) < self.size:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if now >= deadline and self.requeues_left and (give_up is None or now < give_up):
+                self._requeue()
+                deadline = now + self.deadline_s
+            end = deadline if give_up is None else min(deadline, give_up)
+            remaining = end - time.monotonic()
             if remaining <= 0:
                 break
             try:
@@ -149,6 +195,28 @@ class Batch:
             if index not in self._results:
                 self._results[index] = infra(DEADLINE_MESSAGE)
                 yield index, self._results[index]
+
+    def _requeue(self) -> None:
+        """Enqueue the batch again; the worker skips indices that already have results."""
+        self.requeues_left -= 1
+        missing = self.size - len(self._results)
+        log.warning(
+            "batch %s: %d of %d results missing at the deadline; re-enqueued once",
+            self.id,
+            missing,
+            self.size,
+        )
+        try:
+            enqueue_batch(
+                self.pool._queue,
+                self.pool.settings,
+                batch_id=self.id,
+                payload=self.payload,
+                size=self.size,
+                at_front=True,
+            )
+        except redis.RedisError as exc:
+            log.error("batch %s: could not re-enqueue: %s", self.id, exc)
 
     def results(self, timeout_s: float | None = None) -> list[ExecResult]:
         """All results in input order; what is missing at the deadline is ``infra``."""

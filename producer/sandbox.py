@@ -36,8 +36,9 @@ class RemoteSandbox:
 
     url: Redis URL (default ``$REDIS_URL``). timeout: seconds per snippet.
     run: run tag for the pool's per-run stats. linger_s / max_batch: coalescing.
-    deadline_s: how long to wait for a batch before its missing results become infra
-        (default: timeout plus a margin for queueing). Other keywords: Limits fields.
+    deadline_s: how long a batch may take before its missing snippets are re-enqueued
+        once; they become infra after a second such wait (default: timeout plus a margin
+        for queueing). Other keywords: Limits fields.
     """
 
     def __init__(
@@ -93,7 +94,9 @@ class RemoteSandbox:
         future: Future[ExecResult] = Future()
         call = (code, future, time.monotonic())
         try:
-            batch = self.pool.submit([code], run=self.run, **self.limits)
+            batch = self.pool.submit(
+                [code], run=self.run, deadline_s=self.deadline_s, **self.limits
+            )
         except CodepoolError as exc:
             self._resolve(call, infra(f"codepool: {exc}"))
             return future.result()
@@ -169,7 +172,7 @@ class RemoteSandbox:
 
     def _collect(self, batch: Batch, calls: list[_Call]) -> None:
         try:
-            for index, result in batch.as_completed(self.deadline_s):
+            for index, result in batch.as_completed():
                 self._resolve(calls[index], result)
         except Exception as exc:  # a collector must never leave a caller hanging
             log.exception("batch %s: collecting results failed", batch.id)
