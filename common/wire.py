@@ -12,6 +12,8 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 
 SCHEMA_VERSION = 1
+# A done-list entry with this index rejects the whole batch (its payload was unusable).
+WHOLE_BATCH = -1
 # The only function a codepool worker will run; RQ jobs naming anything else are refused.
 JOB_FUNCTION = "codepool.worker.job.run_batch"
 RUN_TAG_MAX_CHARS = 128
@@ -81,6 +83,16 @@ class BatchJob:
             run=run,
             submitted_at=float(submitted_at),
         )
+
+
+def peek_batch_id(data: Any) -> str | None:
+    """The batch id of a payload too broken to decode, if it names a valid one."""
+    try:
+        record = codec.loads(data) if isinstance(data, bytes) else None
+    except WireError:
+        return None
+    batch_id = record.get("batch_id") if isinstance(record, dict) else None
+    return batch_id if isinstance(batch_id, str) and _BATCH_ID.fullmatch(batch_id) else None
 
 
 def _code_bytes(code: Any) -> bytes | None:

@@ -28,7 +28,7 @@ from codepool.common.limits import Limits
 from codepool.common.queueing import batch_queue, enqueue_batch
 from codepool.common.result import ExecResult, infra
 from codepool.common.settings import Settings
-from codepool.common.wire import RUN_TAG_MAX_CHARS, BatchJob, new_batch_id
+from codepool.common.wire import RUN_TAG_MAX_CHARS, WHOLE_BATCH, BatchJob, new_batch_id
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,12 @@ class Batch:
                 continue
             for entry in popped[1] if popped else ():
                 index, result = codec.decode_done_entry(cast(bytes, entry))
+                if index == WHOLE_BATCH:  # the worker could not use the batch at all
+                    for missing in range(self.size):
+                        if missing not in self._results:
+                            self._results[missing] = result
+                            yield missing, result
+                    return
                 if index in self._results or not 0 <= index < self.size:
                     continue
                 # latency as the caller sees it: from submit to collection.

@@ -21,12 +21,13 @@ from typing import Any
 import redis
 from rq.job import Job
 
+from codepool.common import codec
 from codepool.common.errors import CodepoolError, WireError
 from codepool.common.limits import Limits
 from codepool.common.queueing import batch_queue, enqueue_batch
 from codepool.common.result import ExecResult, rejected
 from codepool.common.settings import Settings
-from codepool.common.wire import JOB_FUNCTION, BatchJob
+from codepool.common.wire import JOB_FUNCTION, WHOLE_BATCH, BatchJob, peek_batch_id
 from codepool.worker.client import ZygoteClient
 from codepool.worker.stats import StatsBuffer
 from codepool.worker.writer import ResultWriter
@@ -116,8 +117,23 @@ class BatchRunner:
                 execution = BatchExecution(self, job, payload)
             except WireError as exc:
                 log.error("job %s: refused malformed batch: %s", job.id, exc)
-                raise
+                batch_id = peek_batch_id(payload)
+                if batch_id is None:
+                    raise  # nobody can be waiting for a batch without an id
+                self._reject_batch(batch_id, f"rejected: malformed batch: {exc}")
+                return {"batch": batch_id, "rejected": "whole batch"}
         return execution.finish()
+
+    def _reject_batch(self, batch_id: str, message: str) -> None:
+        """Tell the producer at once that none of this batch will run."""
+        done_key = self.keys.batch_done(batch_id)
+        entry = codec.encode_done_entry(
+            WHOLE_BATCH, codec.encode_result(rejected(message, worker=self.executor.name))
+        )
+        with self.conn.pipeline(transaction=False) as pipe:
+            pipe.rpush(done_key, entry)
+            pipe.expire(done_key, self.settings.batch_ttl_s)
+            pipe.execute()
 
     def _requeue(self, job: Job, payload: Any) -> None:
         batch = BatchJob.decode(payload)

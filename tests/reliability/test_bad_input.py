@@ -1,0 +1,93 @@
+"""Bad input at the queue boundary: a clear answer to the producer, a log line on the
+worker, and a worker that keeps serving."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+
+from codepool.common import codec
+from codepool.common.limits import Limits
+from codepool.common.queueing import batch_queue, enqueue_batch
+from codepool.common.settings import Settings
+from codepool.common.wire import BatchJob, new_batch_id
+from codepool.producer import CodePool
+from codepool.producer.pool import Batch
+from tests.conftest import WorkerProcess
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+def _enqueue_raw(url: str, batch_id: str, payload: bytes, size: int) -> None:
+    settings = Settings(redis_url=url)
+    client = redis.Redis.from_url(url)
+    enqueue_batch(
+        batch_queue(client, settings), settings, batch_id=batch_id, payload=payload, size=size
+    )
+
+
+def _good(batch_id: str, codes: list[str]) -> dict[str, object]:
+    return codec.loads(BatchJob.from_codes(batch_id, codes, Limits(), "", time.time()).encode())
+
+
+def test_malformed_batches_are_rejected_promptly(redis_url: str, start_worker: StartWorker) -> None:
+    worker = start_worker()
+    pool = CodePool(redis_url)
+    cases = {
+        "schema": lambda bid: {**_good(bid, ["print(1)"] * 2), "v": 99},
+        "codes-type": lambda bid: {**_good(bid, ["print(1)"] * 2), "codes": "print(1)"},
+        "limits-type": lambda bid: {
+            **_good(bid, ["print(1)"] * 2),
+            "limits": {"timeout_s": "soon"},
+        },
+        "unknown-limit": lambda bid: {
+            **_good(bid, ["print(1)"] * 2),
+            "limits": {"no_such_limit": 1},
+        },
+    }
+    for name, build in cases.items():
+        batch_id = new_batch_id()
+        _enqueue_raw(redis_url, batch_id, codec.dumps(build(batch_id)), 2)
+        started = time.monotonic()
+        results = Batch(pool, batch_id, 2, Limits(), deadline_s=30).results(timeout_s=30)
+        assert time.monotonic() - started < 10, name
+        assert [r.status for r in results] == ["rejected", "rejected"], name
+        assert "malformed batch" in results[0].stderr, name
+    # Undecodable bytes: nobody can be told, but the worker logs it and keeps serving.
+    _enqueue_raw(redis_url, new_batch_id(), b"\xc1\xc1 not msgpack", 1)
+    deadline = time.monotonic() + 15
+    while worker.log().count("refused malformed batch") < len(cases) + 1:
+        assert time.monotonic() < deadline, worker.log()
+        time.sleep(0.1)
+    assert "undecodable msgpack payload" in worker.log()
+    assert pool.submit(["print('still serving')"]).results(timeout_s=30)[0].ok
+
+
+def test_hostile_code_entries_through_the_queue(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+    codes = ["print(1)\0", "print('\udc80')", "#" * (256 * 1024 + 1), None, 42, "print(2)"]
+    results = pool.submit(codes).results(timeout_s=60)  # type: ignore[arg-type]
+    assert results[0].status == "error" and "null bytes" in results[0].stderr
+    assert results[1].status == "error" and "SyntaxError" in results[1].stderr
+    assert results[2].status == "rejected" and "limit" in results[2].stderr
+    assert [r.status for r in results[3:5]] == ["rejected", "rejected"]
+    assert results[5].stdout == "2\n"
+
+
+def test_oversize_batch_is_refused_by_the_producer_and_by_the_worker(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    import pytest
+
+    from codepool.common.errors import ConfigError
+
+    pool = CodePool(redis_url, settings=Settings(redis_url=redis_url, max_batch_snippets=5))
+    with pytest.raises(ConfigError):
+        pool.submit(["print(1)"] * 6)
+    start_worker(env={"CODEPOOL_MAX_BATCH_SNIPPETS": "3"})
+    big = CodePool(redis_url).submit(["print(1)"] * 4).results(timeout_s=30)
+    assert [r.status for r in big] == ["rejected"] * 4
+    assert "over the worker's limit of 3" in big[0].stderr
