@@ -1,0 +1,54 @@
+"""Redis restarts (AOF everysec) during a run: producers and workers reconnect and the
+run completes; Redis down past the producer's deadline gives infra results, not a hang."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from codepool.common.limits import Limits
+from codepool.ops.redis_server import RedisServer
+from codepool.producer import CodePool
+from codepool.producer.pool import Batch
+from tests.conftest import WorkerProcess, wait_for_dispatchers
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def aof_redis() -> Iterator[RedisServer]:
+    with RedisServer(appendonly=True) as server:
+        yield server
+
+
+def test_run_completes_across_a_redis_restart(
+    aof_redis: RedisServer, start_worker: StartWorker
+) -> None:
+    worker = start_worker(url=aof_redis.url, wait=False)
+    wait_for_dispatchers(aof_redis.url, worker.name, worker)
+    pool = CodePool(aof_redis.url)
+    n = 30
+    batch = pool.submit(
+        [f"import time\ntime.sleep(0.1)\nprint({i})" for i in range(n)], deadline_s=20.0
+    )
+    time.sleep(1.5)  # AOF everysec has the batch on disk by now
+    aof_redis.restart()
+    results = batch.results(timeout_s=90)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
+    assert pool.submit(["print('after')"]).results(timeout_s=60)[0].stdout == "after\n"
+    assert worker.process.poll() is None
+
+
+def test_redis_down_past_the_deadline_gives_infra_promptly(aof_redis: RedisServer) -> None:
+    pool = CodePool(aof_redis.url)
+    batch = pool.submit(["print(1)"] * 3)  # no worker: nothing will answer
+    aof_redis.stop()
+    try:
+        started = time.monotonic()
+        results = Batch(pool, batch.id, 3, Limits(), deadline_s=2.0).results(timeout_s=3.0)
+        assert time.monotonic() - started < 8
+        assert [r.status for r in results] == ["infra"] * 3
+    finally:
+        aof_redis.start()
