@@ -73,3 +73,62 @@ def test_batch_survives_its_worker_host_being_killed(
     while pool.counters().get("calls", 0) < n - from_doomed and time.monotonic() < deadline:
         time.sleep(0.1)
     assert n - from_doomed <= pool.counters()["calls"] <= n
+
+
+def _dispatcher_running(url: str, batch_id: str) -> int:
+    """The pid of the dispatcher whose current job is this batch."""
+    import redis
+    from rq import Worker
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for worker in Worker.all(connection=client):
+            if worker.get_current_job_id() == batch_id and worker.pid:
+                return int(worker.pid)
+        time.sleep(0.05)
+    raise AssertionError("no dispatcher picked the batch up")
+
+
+def test_batch_survives_a_lone_dispatcher_kill(redis_url: str, start_worker: StartWorker) -> None:
+    worker = start_worker(concurrency=2)
+    pool = CodePool(redis_url)
+    n = 20
+    batch = pool.submit(
+        [f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)], deadline_s=DEADLINE_S
+    )
+    os.kill(_dispatcher_running(redis_url, batch.id), signal.SIGKILL)
+    results = batch.results(timeout_s=60)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
+    assert "dispatcher" in worker.log() and "restarting it" in worker.log()
+    assert worker.process.poll() is None
+
+
+def _is_zygote(pid: int) -> bool:
+    # Snippet children share the zygote's command line but live in PID namespaces of
+    # their own (two NSpid entries).
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/status") as f:
+            nspid = next(line for line in f if line.startswith("NSpid:")).split()[1:]
+    except (OSError, StopIteration):
+        return False
+    return "codepool.worker.zygote" in cmdline and len(nspid) == 1
+
+
+def test_batch_survives_a_zygote_kill(redis_url: str, start_worker: StartWorker) -> None:
+    worker = start_worker(concurrency=2)
+    pool = CodePool(redis_url)
+    n = 20
+    batch = pool.submit(
+        [f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)], deadline_s=DEADLINE_S
+    )
+    _dispatcher_running(redis_url, batch.id)
+    zygotes = [pid for pid in _descendants(worker.process.pid) if _is_zygote(pid)]
+    assert len(zygotes) == 1
+    os.kill(zygotes[0], signal.SIGKILL)
+    results = batch.results(timeout_s=60)
+    # In-flight snippets are re-run once by the executor; none is lost or doubled.
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
+    assert worker.process.poll() is None
