@@ -1,0 +1,80 @@
+"""Hostile snippets through the queue, against a real worker: nothing leaks, nothing is
+left running, and the worker serves as fast afterwards as before."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from urllib.parse import urlparse
+
+from codepool.producer import CodePool
+from tests.conftest import WorkerProcess
+from tests.reliability.test_worker_loss import _descendants
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+def _throughput(pool: CodePool, n: int = 30, tries: int = 3) -> float:
+    best = 0.0
+    for _ in range(tries):
+        started = time.monotonic()
+        results = pool.submit(["print(2 + 3)"] * n).results(timeout_s=60)
+        assert all(r.stdout == "5\n" for r in results)
+        best = max(best, n / (time.monotonic() - started))
+    return best
+
+
+def test_hostile_snippets_change_nothing(redis_url: str, start_worker: StartWorker) -> None:
+    worker = start_worker(concurrency=2, env={"CODEPOOL_TEST_SECRET": "hunter2"})
+    pool = CodePool(redis_url)
+    port = urlparse(redis_url).port
+    baseline_processes = len(_descendants(worker.process.pid))
+    before = _throughput(pool)
+    hostile = {
+        "redis": f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 2)\n"
+        "    print('REACHED')\nexcept OSError:\n    print('blocked')",
+        "secrets": "import os\nseen = [open(f'/proc/{p}/environ', 'rb').read() for p in "
+        "os.listdir('/proc') if p.isdigit()]\nprint(any(b'hunter2' in s or "
+        "b'REDIS' in s for s in seen), 'REDIS_URL' in os.environ, "
+        "sorted(os.listdir('/tmp')))",
+        "kill-all": "import os, signal\nfor pid in [-1, 0, *range(1, 4000)]:\n    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+        "print('alive')",
+        "fds": "import os\nhit = 0\nfor fd in range(3, 1024):\n    try:\n"
+        "        os.write(fd, b'x' * 64)\n        hit += 1\n    except OSError:\n"
+        "        pass\nprint(hit)",
+        "fork-bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+        "        pass",
+        "memory-bomb": "x = []\nwhile True:\n    x.append(b'x' * (2 << 30))",
+        "fill-disk": "import os\ni = 0\nwhile True:\n    with open(f'/tmp/f{i}', 'wb') as f:\n"
+        "        f.write(b'x' * (8 << 20))\n    i += 1",
+        "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(1000)\n    os._exit(0)\nprint('parent done')",
+        "closed-stdout": "import os\nos.close(1)\nwhile True:\n    pass",
+        "sigstop": "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nprint('continued')",
+    }
+    results = dict(
+        zip(
+            hostile,
+            pool.submit(list(hostile.values()), timeout_s=3.0).results(timeout_s=120),
+            strict=True,
+        )
+    )
+    assert results["redis"].stdout == "blocked\n"
+    assert results["secrets"].stdout.startswith("False False ['work']")
+    assert results["kill-all"].stdout == "alive\n"
+    assert results["fds"].stdout == "0\n"
+    assert results["fork-bomb"].status in ("timeout", "error")
+    assert results["memory-bomb"].status == "memory"
+    assert results["fill-disk"].status == "error" and "No space left" in results["fill-disk"].stderr
+    assert results["daemon"].stdout == "parent done\n"
+    assert results["closed-stdout"].status == "timeout"
+    assert results["sigstop"].stdout == "continued\n"
+    assert worker.process.poll() is None
+    # Nothing the snippets started is left: the host is back to its own processes.
+    deadline = time.monotonic() + 10
+    while len(_descendants(worker.process.pid)) > baseline_processes:
+        assert time.monotonic() < deadline, _descendants(worker.process.pid)
+        time.sleep(0.1)
+    after = _throughput(pool)
+    assert after >= 0.8 * before, (before, after)
