@@ -23,6 +23,7 @@ from collections import Counter
 import redis
 
 from codepool.common.settings import Settings
+from codepool.ops.processes import descendants, worker_role
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
 
@@ -39,36 +40,6 @@ SNIPPETS = [
 def mixed(n: int, rng: random.Random) -> list[str]:
     codes, weights = zip(*SNIPPETS, strict=True)
     return rng.choices(codes, weights=weights, k=n)
-
-
-def descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                children = [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-        found += children
-        frontier += children
-    return found
-
-
-def role(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().decode(errors="replace")
-        with open(f"/proc/{pid}/status") as f:
-            nspid = next(line for line in f if line.startswith("NSpid:")).split()[1:]
-    except (OSError, StopIteration):
-        return None
-    if len(nspid) > 1:
-        return None  # a snippet or a waiting child, not part of the worker
-    for name in ("dispatcher", "supervisor", "zygote"):
-        if f"codepool.worker.{name}" in cmdline:
-            return name
-    return None
 
 
 def rss_kb(pid: int) -> int:
@@ -90,7 +61,7 @@ def sample(label: str, worker: subprocess.Popen[bytes], client: redis.Redis) -> 
     rss: Counter[str] = Counter({"host": rss_kb(worker.pid)})
     open_fds: Counter[str] = Counter({"host": fds(worker.pid)})
     for pid in descendants(worker.pid):
-        name = role(pid)
+        name = worker_role(pid)
         if name:
             rss[name] += rss_kb(pid)
             open_fds[name] += fds(pid)

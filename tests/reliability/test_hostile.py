@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlparse
 
+from codepool.ops.processes import descendants
 from codepool.producer import CodePool
 from tests.conftest import WorkerProcess
-from tests.reliability.test_worker_loss import _descendants
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -28,7 +28,7 @@ def test_hostile_snippets_change_nothing(redis_url: str, start_worker: StartWork
     worker = start_worker(concurrency=2, env={"CODEPOOL_TEST_SECRET": "hunter2"})
     pool = CodePool(redis_url)
     port = urlparse(redis_url).port
-    baseline_processes = len(_descendants(worker.process.pid))
+    baseline_processes = len(descendants(worker.process.pid))
     before = _throughput(pool)
     hostile = {
         "redis": f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 2)\n"
@@ -73,8 +73,8 @@ def test_hostile_snippets_change_nothing(redis_url: str, start_worker: StartWork
     assert worker.process.poll() is None
     # Nothing the snippets started is left: the host is back to its own processes.
     deadline = time.monotonic() + 10
-    while len(_descendants(worker.process.pid)) > baseline_processes:
-        assert time.monotonic() < deadline, _descendants(worker.process.pid)
+    while len(descendants(worker.process.pid)) > baseline_processes:
+        assert time.monotonic() < deadline, descendants(worker.process.pid)
         time.sleep(0.1)
     after = _throughput(pool)
     assert after >= 0.8 * before, (before, after)

@@ -7,6 +7,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from codepool.ops.processes import descendants, worker_role
 from codepool.producer import CodePool
 from tests.conftest import WorkerProcess
 
@@ -16,24 +17,10 @@ StartWorker = Callable[..., WorkerProcess]
 DEADLINE_S = 6.0
 
 
-def _descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                children = [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-        found += children
-        frontier += children
-    return found
-
-
 def _kill_host(worker: WorkerProcess) -> None:
     """SIGKILL every process of a worker host at once: host, dispatchers, supervisor,
     zygote and snippets, as a lost machine would."""
-    for pid in [worker.process.pid, *_descendants(worker.process.pid)]:
+    for pid in [worker.process.pid, *descendants(worker.process.pid)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -104,19 +91,6 @@ def test_batch_survives_a_lone_dispatcher_kill(redis_url: str, start_worker: Sta
     assert worker.process.poll() is None
 
 
-def _is_zygote(pid: int) -> bool:
-    # Snippet children share the zygote's command line but live in PID namespaces of
-    # their own (two NSpid entries).
-    try:
-        with open(f"/proc/{pid}/cmdline") as f:
-            cmdline = f.read()
-        with open(f"/proc/{pid}/status") as f:
-            nspid = next(line for line in f if line.startswith("NSpid:")).split()[1:]
-    except (OSError, StopIteration):
-        return False
-    return "codepool.worker.zygote" in cmdline and len(nspid) == 1
-
-
 def test_batch_survives_a_zygote_kill(redis_url: str, start_worker: StartWorker) -> None:
     worker = start_worker(concurrency=2)
     pool = CodePool(redis_url)
@@ -125,7 +99,7 @@ def test_batch_survives_a_zygote_kill(redis_url: str, start_worker: StartWorker)
         [f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)], deadline_s=DEADLINE_S
     )
     _dispatcher_running(redis_url, batch.id)
-    zygotes = [pid for pid in _descendants(worker.process.pid) if _is_zygote(pid)]
+    zygotes = [pid for pid in descendants(worker.process.pid) if worker_role(pid) == "zygote"]
     assert len(zygotes) == 1
     os.kill(zygotes[0], signal.SIGKILL)
     results = batch.results(timeout_s=60)
