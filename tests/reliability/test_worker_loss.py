@@ -33,9 +33,9 @@ def test_batch_survives_its_worker_host_being_killed(
 ) -> None:
     doomed = start_worker(concurrency=2, name="doomed")
     pool = CodePool(redis_url)
-    n = 40
+    n = 200
     batch = pool.submit(
-        [f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)],
+        [f"import time\ntime.sleep(0.02)\nprint({i})" for i in range(n)],
         timeout_s=5.0,
         deadline_s=DEADLINE_S,
     )
@@ -43,7 +43,7 @@ def test_batch_survives_its_worker_host_being_killed(
     iterator = batch.as_completed(timeout_s=120)
     for index, _ in iterator:  # let the first worker get a few done
         seen.append(index)
-        if len(seen) == 5:
+        if len(seen) == 20:
             break
     _kill_host(doomed)
     start_worker(concurrency=2, name="survivor")
