@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from codepool.common.errors import ConfigError
+from codepool.worker.reaping import wait_or_kill
 
 INSTALL_HINT = (
     "no redis-server binary found: install one (Debian/Ubuntu: "
@@ -116,11 +117,7 @@ class RedisServer:
             self.process.kill()
         else:
             self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        wait_or_kill(self.process)
         self.process = None
 
     def restart(self) -> None:

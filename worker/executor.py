@@ -19,6 +19,7 @@ from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.limits import Limits
 from codepool.worker.client import ZygoteClient
 from codepool.worker.config import ZygoteConfig
+from codepool.worker.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +156,8 @@ class LocalExecutor(ZygoteClient):
                 )
 
     def _shutdown(self) -> None:
-        process = self._process
-        if process is not None:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if self._process is not None:
+            wait_or_kill(self._process)
         if self._listener is not None:
             path = self._listener.getsockname()
             self._listener.close()

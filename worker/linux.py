@@ -1,6 +1,6 @@
 """Thin ctypes wrappers for the Linux calls Python 3.11's ``os`` lacks.
 
-unshare(2), mount(2), umount2(2), prctl(2) and a ``clone(2)`` that makes the child
+unshare(2), mount(2), prctl(2) and a ``clone(2)`` that makes the child
 the first process of new namespaces in one step (os.fork cannot pass clone flags).
 """
 
@@ -27,12 +27,10 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 MS_RELATIME = 0x200000
-MNT_DETACH = 0x2
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
-PR_SET_CHILD_SUBREAPER = 36
 
 SIGCHLD = 17
 
@@ -49,7 +47,6 @@ _libc.mount.argtypes = [
     ctypes.c_ulong,
     ctypes.c_char_p,
 ]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.prctl.argtypes = [
     ctypes.c_int,
@@ -78,10 +75,6 @@ def mount(
     source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None
 ) -> None:
     _check(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)), f"mount {target}")
-
-
-def umount(target: str, flags: int = 0) -> None:
-    _check(_libc.umount2(_b(target), flags), f"umount {target}")
 
 
 def prctl(option: int, arg: int) -> None:

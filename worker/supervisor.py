@@ -37,6 +37,7 @@ from codepool.worker import isolation
 from codepool.worker.child import READY
 from codepool.worker.config import FALLBACK_PREFIX, ZygoteConfig
 from codepool.worker.protocol import FrameReader, encode_frame
+from codepool.worker.reaping import wait_or_kill
 
 log = logging.getLogger("codepool.worker.supervisor")
 
@@ -454,11 +455,7 @@ def main(argv: list[str]) -> None:
         Supervisor(config, zygote, owner).serve()
     finally:
         zygote.sock.close()
-        try:
-            zygote.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            zygote.process.kill()
-            zygote.process.wait()
+        wait_or_kill(zygote.process)
 
 
 if __name__ == "__main__":
