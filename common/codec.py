@@ -13,7 +13,8 @@ from codepool.common.errors import ConfigError, WireError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult
 
-SCHEMA_VERSION = 1
+# Version of the ExecResult record (the batch record has its own, in wire.py).
+RESULT_SCHEMA_VERSION = 1
 
 
 def dumps(obj: Any) -> bytes:
@@ -41,14 +42,14 @@ class MsgpackSerializer:
 
 def encode_result(result: ExecResult) -> bytes:
     record = result.to_dict()
-    record["v"] = SCHEMA_VERSION
+    record["v"] = RESULT_SCHEMA_VERSION
     return dumps(record)
 
 
 def decode_result(data: bytes) -> ExecResult:
     record = loads(data)
-    if not isinstance(record, dict) or record.get("v") != SCHEMA_VERSION:
-        raise WireError(f"not an ExecResult record of schema version {SCHEMA_VERSION}")
+    if not isinstance(record, dict) or record.get("v") != RESULT_SCHEMA_VERSION:
+        raise WireError(f"not an ExecResult record of schema version {RESULT_SCHEMA_VERSION}")
     try:
         return ExecResult.from_dict(record)
     except TypeError as exc:

@@ -13,7 +13,7 @@ BUCKET_FIELDS = (*(f"latency_le_{ms}ms" for ms in LATENCY_BUCKETS_MS), "latency_
 FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us", *BUCKET_FIELDS)
 
 
-def _bucket_field(latency_ms: float) -> str:
+def bucket_field(latency_ms: float) -> str:
     for edge_ms, field in zip(LATENCY_BUCKETS_MS, BUCKET_FIELDS, strict=False):
         if latency_ms <= edge_ms:
             return field
@@ -28,8 +28,20 @@ def count(result: ExecResult) -> dict[str, int]:
         "latency_us": int(result.latency * 1e6),
         "exec_us": int(result.exec_s * 1e6),
         "queue_us": int(result.queue_s * 1e6),
-        _bucket_field(result.latency * 1e3): 1,
+        bucket_field(result.latency * 1e3): 1,
     }
+
+
+def terms(result: ExecResult) -> tuple[str, int, int, int, str]:
+    """What the Redis-side counter (``ledger.COUNT``) adds up for one result: status,
+    latency_us, exec_us, queue_us and the latency bucket; the same sums as ``count``."""
+    return (
+        result.status,
+        int(result.latency * 1e6),
+        int(result.exec_s * 1e6),
+        int(result.queue_s * 1e6),
+        bucket_field(result.latency * 1e3),
+    )
 
 
 def cumulative_buckets(counters: Mapping[str, int]) -> list[tuple[float, int]]:

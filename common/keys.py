@@ -1,4 +1,4 @@
-"""Every Redis key codepool uses, built in one place (DESIGN §5)."""
+"""Every Redis key codepool uses, built in one place."""
 
 from __future__ import annotations
 
@@ -19,8 +19,33 @@ class Keys:
         return f"{self.prefix}batch:{batch_id}:results"
 
     def batch_done(self, batch_id: str) -> str:
-        """List: snippet indices in completion order."""
+        """List: msgpack ``[index, ExecResult]`` per first write, in completion order."""
         return f"{self.prefix}batch:{batch_id}:done"
+
+    def batch_state(self, batch_id: str) -> str:
+        """Hash: the batch as submitted (``spec``, ``n``, ``run``, ``reruns``), the next
+        unclaimed index (``next``), and per re-run index its lapse count (``r{i}``)."""
+        return f"{self.prefix}batch:{batch_id}:state"
+
+    def batch_claims(self, batch_id: str) -> str:
+        """Hash: claim id -> ``owner|indices`` (a range ``a-b`` or a list ``i,j``)."""
+        return f"{self.prefix}batch:{batch_id}:claims"
+
+    def batch_retry(self, batch_id: str) -> str:
+        """List: indices released from lapsed claims, claimed again before fresh ones."""
+        return f"{self.prefix}batch:{batch_id}:retry"
+
+    def batch_counted(self, batch_id: str) -> str:
+        """Bitmap: bit i set once snippet i's result is in the stats counters."""
+        return f"{self.prefix}batch:{batch_id}:counted"
+
+    def leases(self) -> str:
+        """Sorted set: dispatcher -> last heartbeat (Redis server time, s); 0 = fenced."""
+        return f"{self.prefix}leases"
+
+    def owner_batches(self, owner: str) -> str:
+        """Set: the batches a dispatcher has claimed work in."""
+        return f"{self.prefix}owner:{owner}:batches"
 
     def stats(self) -> str:
         """Hash: cluster-wide counters."""

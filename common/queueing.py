@@ -1,47 +1,73 @@
-"""Putting batches on the RQ queue: one job per batch, msgpack-serialized, short TTLs."""
+"""Announcing batches on the RQ queue: small jobs that name a batch, msgpack-serialized.
+
+The batch itself is stored once (``ledger.SUBMIT``); an announcement only tells one idle
+dispatcher to join it and claim work. A batch is announced to as many dispatchers as can
+usefully share it, and again by a janitor when work is released from a lapsed claim.
+"""
 
 from __future__ import annotations
 
+import math
 import uuid
 
 import redis
+from redis.client import Pipeline
 from rq import Queue
-from rq.job import Job
 
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.settings import Settings
-from codepool.common.wire import JOB_FUNCTION
+from codepool.common.wire import JOB_FUNCTION, encode_announcement
+
+# A dispatcher that joins a batch should find at least this many snippets to claim.
+MIN_SHARE = 2
 
 
 def batch_queue(conn: redis.Redis, settings: Settings) -> Queue:
     return Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
 
 
-def enqueue_batch(
+def announcements_for(size: int, live_dispatchers: int) -> int:
+    """How many dispatchers to invite to a batch of ``size`` snippets."""
+    return max(1, min(live_dispatchers, math.ceil(size / MIN_SHARE)))
+
+
+def announce(
     queue: Queue,
     settings: Settings,
     *,
     batch_id: str,
-    payload: bytes,
     size: int,
-    at_front: bool = False,
-) -> Job:
-    """Enqueue one batch job in a single round trip. Its description names the batch,
-    never the code, because RQ logs descriptions."""
-    job = queue.create_job(
-        JOB_FUNCTION,
-        args=(payload,),
-        # A re-enqueued remainder needs a job id of its own: RQ ids are unique.
-        job_id=f"{batch_id}-{uuid.uuid4().hex[:8]}" if at_front else batch_id,
-        timeout=-1,  # batches heartbeat instead; see worker/job.py
-        result_ttl=settings.job_result_ttl_s,
-        failure_ttl=settings.job_failure_ttl_s,
-        ttl=settings.batch_ttl_s,
-        description=f"codepool batch {batch_id} ({size} snippets)",
-    )
-    # One non-transactional pipeline instead of RQ's two MULTI/EXEC round trips: the job
-    # hash is written before its id is pushed, so no worker can pop an unsaved job.
-    with queue.connection.pipeline(transaction=False) as pipe:
-        queue.enqueue_job(job, pipeline=pipe, at_front=at_front)
+    count: int = 1,
+    pipeline: Pipeline | None = None,
+) -> list[str]:
+    """Enqueue ``count`` announcements of a batch (on ``pipeline`` if given, else in one
+    round trip of its own); returns their job ids. Descriptions name the batch, never
+    the code, because RQ logs descriptions."""
+    payload = encode_announcement(batch_id)
+    jobs = [
+        queue.create_job(
+            JOB_FUNCTION,
+            args=(payload,),
+            job_id=f"{batch_id}-{uuid.uuid4().hex[:8]}",
+            timeout=-1,  # a batch's dispatchers hold leases instead; see worker/lease.py
+            result_ttl=settings.job_result_ttl_s,
+            failure_ttl=settings.job_failure_ttl_s,
+            ttl=settings.batch_ttl_s,
+            description=f"codepool batch {batch_id} ({size} snippets)",
+        )
+        for _ in range(count)
+    ]
+    # One round trip (RQ makes the pipeline a MULTI/EXEC): each job hash is written
+    # before its id is pushed, so no worker can pop an unsaved job.
+    pipe = pipeline if pipeline is not None else queue.connection.pipeline(transaction=False)
+    for job in jobs:
+        queue.enqueue_job(job, pipeline=pipe)
+    if pipeline is None:
         pipe.execute()
-    return job
+        pipe.reset()
+    return [job.id for job in jobs]
+
+
+def batch_of_job(job_id: str) -> str:
+    """The batch an announcement job belongs to (its id is ``{batch_id}-{suffix}``)."""
+    return job_id.rsplit("-", 1)[0]

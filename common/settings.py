@@ -25,6 +25,12 @@ class Settings:
     stats_flush_s: dispatchers flush aggregated counters at least this often.
     minute_stats_ttl_s: lifetime of the per-minute counters.
     max_batch_snippets: largest batch a producer may submit / a worker accepts.
+    heartbeat_s: how often each dispatcher renews its lease.
+    lease_s: a dispatcher silent this long is lapsed; its unfinished snippets are
+        released to run elsewhere (fleet-wide: workers and producers must agree).
+    max_reruns: how often one snippet is run again after its dispatcher was lost, before
+        it comes back ``infra``.
+    no_worker_wait_s: a producer with no live dispatcher for this long answers ``infra``.
     """
 
     redis_url: str = DEFAULT_URL
@@ -38,6 +44,10 @@ class Settings:
     stats_flush_s: float = 1.0
     minute_stats_ttl_s: int = 2 * 86400
     max_batch_snippets: int = 10_000
+    heartbeat_s: float = 1.0
+    lease_s: float = 5.0
+    max_reruns: int = 2
+    no_worker_wait_s: float = 15.0
 
     @property
     def keys(self) -> Keys:

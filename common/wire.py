@@ -1,4 +1,4 @@
-"""The batch record producers enqueue and workers run (one RQ job per batch)."""
+"""The batch record a producer stores once, and the announcement RQ carries."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # A done-list entry with this index rejects the whole batch (its payload was unusable).
 WHOLE_BATCH = -1
 # The only function a codepool worker will run; RQ jobs naming anything else are refused.
 JOB_FUNCTION = "codepool.worker.job.run_batch"
 RUN_TAG_MAX_CHARS = 128
-_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def new_batch_id() -> str:
@@ -68,7 +68,7 @@ class BatchJob:
             raise WireError(f"batch schema version {record.get('v')!r}, expected {SCHEMA_VERSION}")
         batch_id, codes, run = record.get("batch_id"), record.get("codes"), record.get("run", "")
         if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
-            raise WireError("batch_id must be 1-64 characters of [A-Za-z0-9_.-]")
+            raise WireError("batch_id must be 1-64 characters of [A-Za-z0-9_-]")
         if not isinstance(codes, list):
             raise WireError("codes must be a list")
         if not isinstance(run, str) or len(run) > RUN_TAG_MAX_CHARS:
@@ -83,6 +83,26 @@ class BatchJob:
             run=run,
             submitted_at=float(submitted_at),
         )
+
+
+def encode_announcement(batch_id: str) -> bytes:
+    """The RQ job payload: which batch to join (the batch itself is in Redis)."""
+    return codec.dumps({"v": SCHEMA_VERSION, "batch_id": batch_id})
+
+
+def decode_announcement(data: Any) -> str:
+    """The batch id an announcement names; WireError if it is not one."""
+    if not isinstance(data, bytes):
+        raise WireError(f"announcement must be bytes, got {type(data).__name__}")
+    record = codec.loads(data)
+    if not isinstance(record, dict):
+        raise WireError("announcement is not a map")
+    if record.get("v") != SCHEMA_VERSION:
+        raise WireError(f"schema version {record.get('v')!r}, expected {SCHEMA_VERSION}")
+    batch_id = record.get("batch_id")
+    if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
+        raise WireError("batch_id must be 1-64 characters of [A-Za-z0-9_-]")
+    return batch_id
 
 
 def peek_batch_id(data: Any) -> str | None:

@@ -60,8 +60,14 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
     channel = PUBSUB_CHANNEL_TEMPLATE % PROBE_ID
     result_stream = str(Result.get_key(PROBE_ID))  # type: ignore[no-untyped-call]
     return [
-        # codepool: result writer, stats flush, heartbeat, producer.
+        # codepool: result writer, stats flush, leases and claims, heartbeat, producer.
         ("SCRIPT", "LOAD", "return 1"),
+        ("TIME",),
+        ("BITFIELD", keys.batch_counted(PROBE_ID), "SET", "u1", "#0", "1"),
+        ("ZRANGEBYSCORE", keys.leases(), "0", "1", "LIMIT", "0", "1"),
+        ("HMGET", keys.batch_state(PROBE_ID), "n", "next"),
+        ("LPOP", keys.batch_retry(PROBE_ID), "1"),
+        ("SMEMBERS", keys.owner_batches(PROBE_ID)),
         ("EVALSHA", PROBE_SHA, "2", results, done, "0", "result", "entry"),
         ("HSETNX", results, "0", "result"),
         ("RPUSH", done, "entry"),

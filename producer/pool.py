@@ -7,14 +7,20 @@ results = batch.results(timeout_s=300)                  # list[ExecResult], inpu
 for i, r in batch.as_completed(): ...
 pool.metrics(run="exp1")
 ```
-Results are collected from the batch's done list (BLMPOP, many indices per call) and
-its results hash (HMGET). What has no result by the deadline comes back as ``infra``.
+A batch is stored once in Redis and announced to as many live dispatchers as can share
+it; they claim runs of its indices (see ``common/ledger.py``). Results are collected
+from the batch's done list (BLMPOP, many per call). While it waits, the producer also
+watches the dispatchers' leases: it recovers the work of a lapsed one (like any live
+dispatcher would), and says so when no dispatcher is alive at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
@@ -24,24 +30,31 @@ import redis
 from codepool.common import codec, counters
 from codepool.common.connection import redis_client
 from codepool.common.errors import ConfigError, RedisUnavailable
+from codepool.common.janitor import Janitor
+from codepool.common.ledger import heartbeat_script, submit_script
 from codepool.common.limits import Limits
-from codepool.common.queueing import batch_queue, enqueue_batch
+from codepool.common.queueing import announce, announcements_for, batch_queue
 from codepool.common.result import ExecResult, infra
 from codepool.common.settings import Settings
 from codepool.common.wire import RUN_TAG_MAX_CHARS, WHOLE_BATCH, BatchJob, new_batch_id
 
 log = logging.getLogger(__name__)
 
-# How long one blocking read waits before the deadline is checked again.
-POLL_BLOCK_S = 5.0
+# How long one blocking read waits before the leases are looked at again.
+POLL_BLOCK_S = 1.0
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
+NO_WORKER_MESSAGE = (
+    "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
+    "in Redis); is `codepool worker` running and pointed at this Redis?"
+)
 
 
 class CodePool:
     """A producer's handle on the pool. Thread-safe; cheap to share.
 
     url: Redis URL (default: ``$REDIS_URL``). limits: defaults for every batch.
-    settings: prefix, queue, TTLs (default: ``Settings.from_env()``).
+    settings: prefix, queue, TTLs, lease and no-worker wait (default:
+    ``Settings.from_env()``).
     """
 
     def __init__(
@@ -58,6 +71,13 @@ class CodePool:
         self.limits = limits or Limits()
         self.conn = redis_client(self.settings, block_s=POLL_BLOCK_S)
         self._queue = batch_queue(self.conn, self.settings)
+        self.janitor = Janitor(
+            self.conn, self.settings, name=f"producer:{socket.gethostname()}:{os.getpid()}"
+        )
+        self._live: int | None = None  # live dispatchers, as the last submit saw them
+        self._watch_lock = threading.Lock()
+        self._watched_at = -1e9
+        self._watched: int | None = None
 
     def submit(
         self,
@@ -65,19 +85,18 @@ class CodePool:
         *,
         run: str = "",
         deadline_s: float | None = None,
-        requeue: bool = True,
+        max_reruns: int | None = None,
         **limits: Any,
     ) -> Batch:
-        """Enqueue ``codes`` as one batch and return at once. Keywords: Limits fields
-        (``timeout_s``, ``memory_mb``, ...). Entries that are not str come back
-        ``rejected``; a batch over the size limit raises ConfigError.
+        """Store ``codes`` as one batch, announce it, and return at once. Keywords:
+        Limits fields (``timeout_s``, ``memory_mb``, ...). Entries that are not str come
+        back ``rejected``; a batch over the size limit raises ConfigError.
 
-        deadline_s: how long the batch may take before what is missing counts as lost
-            (default: every timeout end to end plus a minute, at most an hour).
-        requeue: at the deadline, enqueue the missing snippets once more (a worker died
-            with them) and wait one more deadline; without it, or after that, they come
-            back as ``infra``. Results are first-write-wins, so a late original run and
-            the re-run never both show up.
+        deadline_s: a backstop: what has no result by then comes back ``infra``
+            (default: every timeout end to end plus a minute, at most an hour). Lost
+            workers are recovered long before it, through their leases.
+        max_reruns: how often a snippet whose worker was lost is run again before it
+            comes back ``infra`` (default: ``settings.max_reruns``, 2).
         """
         if isinstance(codes, (str, bytes)):
             raise ConfigError("submit takes a sequence of snippets, not one string")
@@ -89,26 +108,79 @@ class CodePool:
             )
         if not isinstance(run, str) or len(run) > RUN_TAG_MAX_CHARS:
             raise ConfigError(f"run must be a string of at most {RUN_TAG_MAX_CHARS} chars")
+        reruns = self.settings.max_reruns if max_reruns is None else max_reruns
+        if isinstance(reruns, bool) or not isinstance(reruns, int) or reruns < 0:
+            raise ConfigError(f"max_reruns must be a non-negative int, got {reruns!r}")
         effective = self.limits.with_overrides(**limits)
         batch_id = new_batch_id()
         job = BatchJob.from_codes(batch_id, codes, effective, run, time.time())
-        payload = job.encode()
         try:
             if codes:
-                enqueue_batch(
-                    self._queue, self.settings, batch_id=batch_id, payload=payload, size=len(codes)
-                )
+                self._store_and_announce(batch_id, job.encode(), len(codes), run, reruns)
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
-        return Batch(
-            self,
-            batch_id,
-            len(codes),
-            effective,
-            payload=payload,
-            deadline_s=deadline_s,
-            requeue=requeue,
-        )
+        return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s)
+
+    def _store_and_announce(
+        self, batch_id: str, spec: bytes, n: int, run: str, reruns: int
+    ) -> None:
+        """One round trip when the live dispatcher count is known (from the previous
+        submit), two for the first batch of a pool with more than one snippet."""
+        settings = self.settings
+        store_keys = [self.keys.batch_state(batch_id), self.keys.leases()]
+        store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
+        if self._live is None and n > 1:
+            self._live = int(submit_script(self.conn, store_keys, store_args))
+            announce(
+                self._queue,
+                settings,
+                batch_id=batch_id,
+                size=n,
+                count=announcements_for(n, self._live),
+            )
+            return
+        # One MULTI/EXEC (RQ turns a pipeline into one anyway): the batch is stored
+        # before any dispatcher can see its announcement.
+        with self.conn.pipeline(transaction=True) as pipe:
+            pipe.multi()
+            submit_script.queue(pipe, store_keys, store_args)
+            announce(
+                self._queue,
+                settings,
+                batch_id=batch_id,
+                size=n,
+                count=announcements_for(n, self._live or 1),
+                pipeline=pipe,
+            )
+            try:
+                self._live = int(pipe.execute()[0])
+            except redis.exceptions.NoScriptError:
+                # The announcement went out; store the batch and announce it again (a
+                # dispatcher that found no batch yet has let its announcement go).
+                self._live = int(submit_script(self.conn, store_keys, store_args))
+                announce(self._queue, settings, batch_id=batch_id, size=n)
+
+    def watch(self) -> int | None:
+        """Live dispatchers now (at most one look at Redis a second for the whole pool);
+        recovers lapsed ones on the way. None if Redis could not be asked."""
+        with self._watch_lock:
+            now = time.monotonic()
+            if now - self._watched_at < POLL_BLOCK_S:
+                return self._watched
+            self._watched_at = now
+            try:
+                reply = heartbeat_script(
+                    self.conn, [self.keys.leases()], ["", self.settings.lease_s, "0"]
+                )
+            except redis.RedisError:
+                self.janitor.in_contact(False)
+                self._watched = None
+                return None
+            live, lapsed = int(reply[1]), list(reply[2])
+            if self.janitor.in_contact(True) and lapsed:
+                self.janitor.sweep(lapsed, live)
+            self._watched = live
+            return live
 
     async def asubmit(self, codes: Sequence[Any], *, run: str = "", **limits: Any) -> Batch:
         """``submit`` for async callers (runs in a thread; any event loop)."""
@@ -137,17 +209,13 @@ class Batch:
         size: int,
         limits: Limits,
         *,
-        payload: bytes = b"",
         deadline_s: float | None = None,
-        requeue: bool = True,
     ) -> None:
         self.pool = pool
         self.id = batch_id
         self.size = size
         self.limits = limits
-        self.payload = payload
         self.deadline_s = deadline_s if deadline_s is not None else self.default_deadline_s()
-        self.requeues_left = 1 if requeue and payload else 0
         self.submitted = time.monotonic()
         self._results: dict[int, ExecResult] = {}
 
@@ -155,33 +223,43 @@ class Batch:
         return self.size
 
     def default_deadline_s(self) -> float:
-        """A generous wait: every snippet's timeout, as if run one after another, capped."""
+        """A generous backstop: every snippet's timeout, as if run one after another."""
         return min(3600.0, 60.0 + self.limits.timeout_s * max(1, self.size))
 
     def as_completed(self, timeout_s: float | None = None) -> Iterator[tuple[int, ExecResult]]:
-        """Yield ``(index, result)`` as results arrive. At the batch's deadline what is
-        missing is re-enqueued once (see ``submit``); after that, or once ``timeout_s``
-        (this call's own limit) has passed, it comes back as infra."""
-        give_up = None if timeout_s is None else time.monotonic() + timeout_s
-        deadline = self.submitted + self.deadline_s
-        keys = self.pool.keys
-        done_key = keys.batch_done(self.id)
+        """Yield ``(index, result)`` as results arrive. What is missing when the batch's
+        deadline or this call's own ``timeout_s`` passes, or after no dispatcher was
+        alive for ``settings.no_worker_wait_s``, comes back as infra."""
+        pool = self.pool
+        end = self.submitted + self.deadline_s
+        if timeout_s is not None:
+            end = min(end, time.monotonic() + timeout_s)
+        done_key = pool.keys.batch_done(self.id)
+        message = DEADLINE_MESSAGE
+        watch_at = time.monotonic() + POLL_BLOCK_S
+        no_worker_since: float | None = None
         while len(self._results) < self.size:
             now = time.monotonic()
-            if now >= deadline and self.requeues_left and (give_up is None or now < give_up):
-                self._requeue()
-                deadline = now + self.deadline_s
-            end = deadline if give_up is None else min(deadline, give_up)
-            remaining = end - time.monotonic()
-            if remaining <= 0:
+            if now >= end:
                 break
+            if now >= watch_at:
+                watch_at = now + POLL_BLOCK_S
+                live = pool.watch()
+                if live == 0:
+                    no_worker_since = now if no_worker_since is None else no_worker_since
+                    wait_s = pool.settings.no_worker_wait_s
+                    if now - no_worker_since >= wait_s:
+                        message = NO_WORKER_MESSAGE.format(queue=pool.settings.queue, wait=wait_s)
+                        log.error("batch %s: %s", self.id, message)
+                        break
+                elif live is not None:
+                    no_worker_since = None
+            block_s = max(0.01, min(end, watch_at) - now)
             try:
-                popped = self.pool.conn.blmpop(
-                    min(remaining, POLL_BLOCK_S), 1, done_key, direction="LEFT", count=self.size
-                )
+                popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
             except redis.RedisError:
                 # Redis restarting: wait a little and try again until the deadline.
-                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(0.5, max(0.0, end - time.monotonic())))
                 continue
             for entry in popped[1] if popped else ():
                 index, result = codec.decode_done_entry(cast(bytes, entry))
@@ -199,30 +277,8 @@ class Batch:
                 yield index, result
         for index in range(self.size):
             if index not in self._results:
-                self._results[index] = infra(DEADLINE_MESSAGE)
+                self._results[index] = infra(message)
                 yield index, self._results[index]
-
-    def _requeue(self) -> None:
-        """Enqueue the batch again; the worker skips indices that already have results."""
-        self.requeues_left -= 1
-        missing = self.size - len(self._results)
-        log.warning(
-            "batch %s: %d of %d results missing at the deadline; re-enqueued once",
-            self.id,
-            missing,
-            self.size,
-        )
-        try:
-            enqueue_batch(
-                self.pool._queue,
-                self.pool.settings,
-                batch_id=self.id,
-                payload=self.payload,
-                size=self.size,
-                at_front=True,
-            )
-        except redis.RedisError as exc:
-            log.error("batch %s: could not re-enqueue: %s", self.id, exc)
 
     def results(self, timeout_s: float | None = None) -> list[ExecResult]:
         """All results in input order; what is missing at the deadline is ``infra``."""

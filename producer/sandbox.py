@@ -36,9 +36,9 @@ class RemoteSandbox:
 
     url: Redis URL (default ``$REDIS_URL``). timeout: seconds per snippet.
     run: run tag for the pool's per-run stats. linger_s / max_batch: coalescing.
-    deadline_s: how long a batch may take before its missing snippets are re-enqueued
-        once; they become infra after a second such wait (default: timeout plus a margin
-        for queueing). Other keywords: Limits fields.
+    deadline_s: a backstop per batch: what has no result by then is infra (default:
+        timeout plus a margin for queueing; lost workers are recovered through their
+        leases long before). Other keywords: Limits fields.
     """
 
     def __init__(
@@ -158,7 +158,12 @@ class RemoteSandbox:
 
     def _dispatch(self, calls: list[_Call]) -> None:
         try:
-            batch = self.pool.submit([code for code, _, _ in calls], run=self.run, **self.limits)
+            batch = self.pool.submit(
+                [code for code, _, _ in calls],
+                run=self.run,
+                deadline_s=self.deadline_s,
+                **self.limits,
+            )
         except CodepoolError as exc:
             log.error("could not submit a batch of %d snippets: %s", len(calls), exc)
             with self._count_lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -26,6 +27,7 @@ from codepool.common.wire import JOB_FUNCTION
 from codepool.worker import linux
 from codepool.worker.client import AttachedExecutor
 from codepool.worker.job import BatchRunner, CodepoolJob
+from codepool.worker.lease import LeaseKeeper
 from codepool.worker.stats import StatsBuffer
 from codepool.worker.writer import ResultWriter
 
@@ -42,6 +44,8 @@ class DispatcherConfig:
     name: str
     host: str
     max_limits: dict[str, Any]
+    slots: int = 2  # the host executor's concurrency
+    dispatchers: int = 2  # dispatchers sharing it
     burst: bool = False
     log_level: str = "INFO"
     parent_pid: int = 0
@@ -90,8 +94,10 @@ def main(argv: list[str]) -> int:
         conn,
         settings.keys,
         config.host,
+        owner=config.name,
         flush_s=settings.stats_flush_s,
         minute_ttl_s=settings.minute_stats_ttl_s,
+        batch_ttl_s=settings.batch_ttl_s,
     )
     queue = Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
     worker = Dispatcher(
@@ -103,7 +109,12 @@ def main(argv: list[str]) -> int:
         worker_ttl=WORKER_TTL_S,
         log_job_description=False,
     )
-    writer = ResultWriter(conn, settings.keys, stats, settings.batch_ttl_s)
+    # A fenced dispatcher stops as on SIGTERM (in-flight snippets end, nothing more is
+    # written) and the worker host starts a fresh one in its place.
+    lease = LeaseKeeper(
+        conn, settings, owner=config.name, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM)
+    )
+    writer = ResultWriter(conn, settings.keys, stats, settings.batch_ttl_s, lease)
     worker.runner = BatchRunner(
         executor=executor,
         conn=conn,
@@ -112,7 +123,10 @@ def main(argv: list[str]) -> int:
         max_limits=Limits.from_dict(config.max_limits),
         stop_requested=lambda: bool(worker._stop_requested),
         writer=writer,
+        lease=lease,
+        window=math.ceil(config.slots / max(1, config.dispatchers)) + 1,
     )
+    lease.start()
     stats.start()
     try:
         # RQ logs several INFO lines per job; one per batch (ours) is enough.
@@ -121,6 +135,7 @@ def main(argv: list[str]) -> int:
     finally:
         writer.close()
         stats.stop()
+        lease.stop()
         executor.close()
     return 0
 

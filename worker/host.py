@@ -123,6 +123,8 @@ class WorkerHost:
             parent_pid=os.getpid(),
             host=self.name,
             max_limits=self.options.max_limits.to_dict(),
+            slots=self.options.concurrency,
+            dispatchers=self.dispatcher_count,
             burst=self.options.burst,
             log_level=self.options.log_level,
         )

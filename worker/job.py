@@ -1,9 +1,12 @@
 """The RQ job boundary: codepool's only job function, and the runner behind it.
 
-A dispatcher (an RQ worker process) fetches one job per batch. ``CodepoolJob`` refuses to
-resolve any function but :data:`JOB_FUNCTION` (nothing else is ever imported) and hands
-the payload to the dispatcher's :class:`BatchRunner`, which runs the snippets on the
-host's shared executor and writes each result as it finishes (first write wins).
+A dispatcher (an RQ worker process) fetches announcements: small jobs that name a batch
+stored in Redis. ``CodepoolJob`` refuses to resolve any function but :data:`JOB_FUNCTION`
+(nothing else is ever imported) and hands the announcement to the dispatcher's
+:class:`BatchRunner`, which claims runs of the batch's indices (``ledger.CLAIM``) as its
+share of the host's executor frees up, and hands each result to the writer. Several
+dispatchers on several hosts work on one batch at once; the job ends when nothing is
+left to claim and nothing of its own is in flight.
 """
 
 from __future__ import annotations
@@ -23,19 +26,29 @@ from rq.job import Job
 
 from codepool.common import codec
 from codepool.common.errors import CodepoolError, WireError
+from codepool.common.ledger import claim_script, parse_indices
 from codepool.common.limits import Limits
-from codepool.common.queueing import batch_queue, enqueue_batch
 from codepool.common.result import ExecResult, rejected
 from codepool.common.settings import Settings
-from codepool.common.wire import JOB_FUNCTION, WHOLE_BATCH, BatchJob, peek_batch_id
+from codepool.common.wire import (
+    JOB_FUNCTION,
+    WHOLE_BATCH,
+    BatchJob,
+    decode_announcement,
+    peek_batch_id,
+)
 from codepool.worker.client import ZygoteClient
+from codepool.worker.lease import LeaseKeeper
 from codepool.worker.stats import StatsBuffer
 from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
+# RQ's own job heartbeat (its started registry); the lease is what recovery relies on.
 HEARTBEAT_EVERY_S = 10.0
 HEARTBEAT_TTL_S = 60
+# Most indices one claim takes (the first claims of a big batch are the largest).
+MAX_CLAIM = 64
 
 
 class RefusedJob(CodepoolError):
@@ -78,7 +91,11 @@ class CodepoolJob(Job):
 
 
 class BatchRunner:
-    """Runs batches for one dispatcher: executor in, Redis results and stats out."""
+    """Runs announced batches for one dispatcher: claims in, Redis results and stats out.
+
+    window: snippets this dispatcher keeps in the host's executor at once (its share of
+        the slots plus one waiting, so a freed slot never waits for a claim).
+    """
 
     def __init__(
         self,
@@ -90,6 +107,8 @@ class BatchRunner:
         max_limits: Limits,
         stop_requested: Callable[[], bool],
         writer: ResultWriter,
+        lease: LeaseKeeper,
+        window: int,
     ) -> None:
         self.executor = executor
         self.conn = conn
@@ -99,10 +118,12 @@ class BatchRunner:
         self.max_limits = max_limits
         self.stop_requested = stop_requested
         self.writer = writer
+        self.lease = lease
+        self.window = max(1, window)
 
     def prestart(self, job: Job) -> BatchExecution | None:
-        """Decode the batch and start its first snippets before RQ's own bookkeeping
-        for the job, so the two overlap. None if the payload is bad (run() reports it)."""
+        """Claim and start the first snippets before RQ's own bookkeeping for the job,
+        so the two overlap. None if the announcement is bad (run() reports it)."""
         try:
             execution = BatchExecution(self, job, job.args[0] if job.args else None)
         except (WireError, IndexError):
@@ -120,11 +141,11 @@ class BatchRunner:
                 batch_id = peek_batch_id(payload)
                 if batch_id is None:
                     raise  # nobody can be waiting for a batch without an id
-                self._reject_batch(batch_id, f"rejected: malformed batch: {exc}")
+                self.reject_batch(batch_id, f"rejected: malformed batch: {exc}")
                 return {"batch": batch_id, "rejected": "whole batch"}
         return execution.finish()
 
-    def _reject_batch(self, batch_id: str, message: str) -> None:
+    def reject_batch(self, batch_id: str, message: str) -> None:
         """Tell the producer at once that none of this batch will run."""
         done_key = self.keys.batch_done(batch_id)
         entry = codec.encode_done_entry(
@@ -135,50 +156,30 @@ class BatchRunner:
             pipe.expire(done_key, self.settings.batch_ttl_s)
             pipe.execute()
 
-    def _requeue(self, job: Job, payload: Any) -> None:
-        batch = BatchJob.decode(payload)
-        queue = batch_queue(self.conn, self.settings)
-        enqueue_batch(
-            queue,
-            self.settings,
-            batch_id=batch.batch_id,
-            payload=payload,
-            size=len(batch.codes),
-            at_front=True,
-        )
-
 
 class BatchExecution:
-    """One execution of one batch job. Keeps up to ``window`` snippets in the executor
-    (so a stop request leaves little in flight); each result is written by the
-    dispatcher's ResultWriter the moment it exists, and this job thread only refills."""
+    """This dispatcher's part in one batch. Claims indices while it has room in its
+    window; each result is written by the dispatcher's ResultWriter the moment it
+    exists, and this job thread only claims and refills."""
 
     def __init__(self, runner: BatchRunner, job: Job, payload: Any) -> None:
         self.runner = runner
         self.job = job
-        self.payload = payload
-        self.batch = BatchJob.decode(payload)
-        n = len(self.batch.codes)
-        self.limits = self.batch.limits.clamp(runner.max_limits)
-        self.window = max(1, runner.executor.concurrency) + 1
-        self.todo: list[int] = []
+        self.batch_id = decode_announcement(payload)
+        self.batch: BatchJob | None = None  # read with the first claim
+        self.run = ""
+        self.limits = Limits()
+        self.window = runner.window
+        self.todo: list[int] = []  # claimed, not started; pop() gives input order
+        self.drained = False  # nothing left to claim (or the batch is unusable)
+        self.lost = False  # our lease was taken away: claim nothing more
+        self.oversize = False
         self.in_flight = 0  # submitted and not yet written (job thread's count)
         self.ran = 0
         self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._outstanding = 0  # submitted and not yet written (writer's count)
         self._ttl_set = False
-        self.oversize = n > runner.settings.max_batch_snippets
-        if self.oversize:
-            return
-        done: set[int] = set()
-        # A fresh job cannot have results yet; a re-run (a retried or re-enqueued job)
-        # skips what is already written.
-        if job.id != self.batch.batch_id or job.started_at is not None:
-            key = runner.keys.batch_results(self.batch.batch_id)
-            done = {int(i) for i in runner.conn.hkeys(key)}
-        self.todo = [i for i in range(n) if i not in done]
-        self.todo.reverse()  # pop() from the end runs them in input order
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -198,19 +199,99 @@ class BatchExecution:
 
     # -- job thread -----------------------------------------------------------------
 
-    def fill(self) -> None:
+    def _stopping(self) -> bool:
+        return self.lost or self.runner.stop_requested() or self.runner.lease.lost.is_set()
+
+    def _claim(self, room: int) -> None:
+        runner, keys = self.runner, self.runner.keys
+        first = self.batch is None
+        reply = claim_script(
+            runner.conn,
+            [
+                keys.batch_state(self.batch_id),
+                keys.batch_claims(self.batch_id),
+                keys.batch_retry(self.batch_id),
+                keys.leases(),
+                keys.owner_batches(runner.lease.owner),
+            ],
+            [
+                runner.lease.owner,
+                self.batch_id,
+                room,
+                MAX_CLAIM,
+                runner.lease.live,
+                "1" if first else "0",
+                runner.settings.batch_ttl_s,
+            ],
+        )
+        status = reply[0]
+        if status == -2:
+            self.lost = self.drained = True
+            return
+        if status == -1:
+            log.info(
+                "job %s: batch %s is gone (expired or never stored)", self.job.id, self.batch_id
+            )
+            self.drained = True
+            return
+        if first and not self._read_batch(reply[2]):
+            self.drained = True
+            return
+        if status == 0:
+            self.drained = True
+            return
+        self.todo = parse_indices(reply[1].decode())[::-1]
+
+    def _read_batch(self, spec: Any) -> bool:
         runner = self.runner
-        while self.todo and self.in_flight < self.window and not runner.stop_requested():
-            index = self.todo.pop()
-            code = self.batch.codes[index]
-            with self._lock:
-                self._outstanding += 1
-            self.in_flight += 1
-            if code is None:
-                runner.writer.put(
-                    self, index, rejected("rejected: code must be str", worker=runner.executor.name)
-                )
+        try:
+            self.batch = BatchJob.decode(spec)
+            self.limits = self.batch.limits.clamp(runner.max_limits)
+        except WireError as exc:
+            log.error("job %s: refused malformed batch %s: %s", self.job.id, self.batch_id, exc)
+            runner.reject_batch(self.batch_id, f"rejected: malformed batch: {exc}")
+            return False
+        self.run = self.batch.run
+        n = len(self.batch.codes)
+        self.oversize = n > runner.settings.max_batch_snippets
+        log.info(
+            "job %s: joined batch %s of %d snippets (run %r)",
+            self.job.id,
+            self.batch_id,
+            n,
+            self.run,
+        )
+        return True
+
+    def fill(self) -> None:
+        while not self._stopping():
+            if not self.todo:
+                if self.drained or self.in_flight >= self.window:
+                    return
+                self._claim(self.window - self.in_flight)
                 continue
+            if self.in_flight >= self.window:
+                return
+            self._start(self.todo.pop())
+
+    def _start(self, index: int) -> None:
+        runner, batch = self.runner, self.batch
+        assert batch is not None
+        with self._lock:
+            self._outstanding += 1
+        self.in_flight += 1
+        code = batch.codes[index]
+        if self.oversize:
+            message = (
+                f"rejected: batch of {len(batch.codes)} snippets is over the worker's limit "
+                f"of {runner.settings.max_batch_snippets}"
+            )
+            runner.writer.put(self, index, rejected(message, worker=runner.executor.name))
+        elif code is None:
+            runner.writer.put(
+                self, index, rejected("rejected: code must be str", worker=runner.executor.name)
+            )
+        else:
             future = runner.executor.submit_limited(
                 code.decode("utf-8", "surrogatepass"), self.limits
             )
@@ -220,20 +301,7 @@ class BatchExecution:
         self.runner.writer.put(self, index, future.result())
 
     def finish(self) -> dict[str, Any]:
-        runner, batch, job = self.runner, self.batch, self.job
-        n = len(batch.codes)
-        log.info("job %s: batch %s with %d snippets (run %r)", job.id, batch.batch_id, n, batch.run)
-        if self.oversize:
-            message = (
-                f"rejected: batch of {n} snippets is over the worker's limit of "
-                f"{runner.settings.max_batch_snippets}"
-            )
-            self.todo = list(range(n))
-            for index in self.todo:
-                with self._lock:
-                    self._outstanding += 1
-                runner.writer.put(self, index, rejected(message, worker=runner.executor.name))
-            self.in_flight, self.todo = n, []
+        runner, job = self.runner, self.job
         last_beat = time.monotonic()
         while True:
             self.fill()
@@ -250,12 +318,21 @@ class BatchExecution:
             if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
                 last_beat = time.monotonic()
-        if self.todo:
-            log.info(
-                "job %s: stopping with %d snippets of batch %s left; re-enqueued",
-                job.id,
-                len(self.todo),
-                batch.batch_id,
-            )
-            runner._requeue(job, self.payload)
-        return {"batch": batch.batch_id, "ran": self.ran}
+        if not self.lost and not runner.lease.lost.is_set() and self.batch is not None:
+            if self.todo or not self.drained:
+                # Stopping (SIGTERM): give back what was claimed and never started.
+                released = runner.lease.janitor.release(
+                    self.batch_id,
+                    runner.lease.owner,
+                    runner.lease.live,
+                    graceful=True,
+                    announce_anyway=True,
+                )
+                log.info(
+                    "job %s: stopping; gave back %d snippets of batch %s",
+                    job.id,
+                    released,
+                    self.batch_id,
+                )
+            runner.stats.batch_done(self.batch_id, self.run)
+        return {"batch": self.batch_id, "ran": self.ran}

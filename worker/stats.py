@@ -1,80 +1,96 @@
-"""Counters aggregated in a dispatcher and flushed to Redis with HINCRBY (DESIGN §5).
+"""Counters aggregated in a dispatcher and flushed to Redis at least once per ``flush_s``.
 
-Per-snippet HINCRBYs would cost more Redis commands than the snippet itself; instead
-every result adds to in-process counters and a flusher writes the sums at least once
-per ``flush_s``. The counts stay exact: a flush that fails is kept and retried.
+Per-snippet HINCRBYs would cost more Redis commands than the snippet itself; instead every
+first write is remembered here and a flusher sends them, one script call per batch
+(``common.tally``). Counting is per index inside Redis, so a flush that failed, or that
+redis-py retried after a dropped connection, can be sent again without counting twice.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 
 import redis
 
-from codepool.common import counters
 from codepool.common.keys import Keys
 from codepool.common.result import ExecResult
+from codepool.common.tally import count_hashes, count_results
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Pending:
+    run: str
+    results: list[tuple[int, ExecResult]] = field(default_factory=list)
+    done: bool = False  # the dispatcher holds nothing more of this batch
+
+
 class StatsBuffer:
-    """Thread-safe pending increments per stats hash, and their flusher thread."""
+    """Thread-safe pending counts per batch, and their flusher thread."""
 
     def __init__(
-        self, conn: redis.Redis, keys: Keys, worker: str, *, flush_s: float, minute_ttl_s: int
+        self,
+        conn: redis.Redis,
+        keys: Keys,
+        worker: str,
+        *,
+        owner: str,
+        flush_s: float,
+        minute_ttl_s: int,
+        batch_ttl_s: int,
     ) -> None:
         self._conn = conn
         self._keys = keys
         self._worker = worker
+        self._owner = owner
         self._flush_s = flush_s
         self._minute_ttl_s = minute_ttl_s
+        self._batch_ttl_s = batch_ttl_s
         self._lock = threading.Lock()
-        self._pending: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        self._expiring: set[str] = set()  # minute buckets get a TTL when flushed
+        self._pending: dict[str, _Pending] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def record(self, result: ExecResult, run: str) -> None:
-        increments = counters.count(result)
-        minute = self._keys.minute_stats(int(time.time() // 60))
-        hashes = [self._keys.stats(), self._keys.worker_stats(self._worker), minute]
-        if run:
-            hashes.append(self._keys.run_stats(run))
+    def record(self, batch_id: str, run: str, index: int, result: ExecResult) -> None:
+        """Count a first write (at the next flush)."""
         with self._lock:
-            self._expiring.add(minute)
-            for key in hashes:
-                self._pending[key].update(increments)
+            self._pending.setdefault(batch_id, _Pending(run)).results.append((index, result))
+
+    def batch_done(self, batch_id: str, run: str) -> None:
+        """The dispatcher is through with this batch: once its counts are in, the batch
+        leaves the dispatcher's set of batches a janitor would look at."""
+        with self._lock:
+            self._pending.setdefault(batch_id, _Pending(run)).done = True
 
     def flush(self) -> bool:
-        """Write pending increments; returns False (and keeps them) if Redis failed."""
+        """Send pending counts; returns False (and keeps what failed) if Redis failed."""
         with self._lock:
-            pending, self._pending = self._pending, defaultdict(Counter)
-            expiring, self._expiring = self._expiring, set()
-        if not pending:
-            return True
-        try:
-            with self._conn.pipeline(transaction=False) as pipe:
-                for key, fields in pending.items():
-                    for field, amount in fields.items():
-                        if amount:
-                            pipe.hincrby(key, field, amount)
-                    if key in expiring:
-                        pipe.expire(key, self._minute_ttl_s)
-                pipe.execute()
-            return True
-        except redis.RedisError as exc:
-            log.warning(
-                "stats flush failed, keeping %d hashes for the next one: %s", len(pending), exc
-            )
-            with self._lock:
-                self._expiring |= expiring
-                for key, fields in pending.items():
-                    self._pending[key].update(fields)
-            return False
+            pending, self._pending = self._pending, {}
+        ok = True
+        for batch_id, item in pending.items():
+            try:
+                count_results(
+                    self._conn,
+                    self._keys,
+                    batch_id=batch_id,
+                    owner=self._owner,
+                    hashes=count_hashes(self._keys, self._worker, item.run),
+                    results=item.results,
+                    batch_ttl_s=self._batch_ttl_s,
+                    minute_ttl_s=self._minute_ttl_s,
+                    done=item.done,
+                )
+            except redis.RedisError as exc:
+                ok = False
+                log.warning("stats flush for batch %s failed, keeping it: %s", batch_id, exc)
+                with self._lock:
+                    merged = self._pending.setdefault(batch_id, _Pending(item.run))
+                    merged.results[:0] = item.results
+                    merged.done = merged.done or item.done
+        return ok
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="codepool-stats", daemon=True)

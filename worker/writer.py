@@ -2,7 +2,11 @@
 executor hands it over, from this thread, not when RQ's job thread gets round to it.
 
 Writes that arrive together share one pipeline. First write wins (HSETNX), and only a
-first write pushes the done-list entry, so the done list never holds an index twice.
+first write pushes the done-list entry and is counted, so neither the done list nor the
+counters ever hold an index twice. Nothing is written while the dispatcher's lease may
+have lapsed (after a freeze or a partition) until a heartbeat says it still holds; a
+dispatcher that lost its lease drops its late results, since they were released to run
+elsewhere.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import redis
 
 from codepool.common import codec
 from codepool.common.keys import Keys
+from codepool.common.ledger import write_script
 from codepool.common.result import ExecResult
+from codepool.worker.lease import LeaseKeeper
 from codepool.worker.stats import StatsBuffer
 
 if TYPE_CHECKING:
@@ -26,31 +32,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# HSETNX the result; push the done entry (index and result, so the trainer needs no
-# second read) only if that was the first write.
-WRITE_RESULT = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('RPUSH', KEYS[2], ARGV[3])
-  return 1
-end
-return 0
-"""
 MAX_GROUP = 512
 RETRY_FOR_S = 60.0
 
 _Item = tuple["BatchExecution", int, ExecResult]
+_Groups = dict["BatchExecution", list[tuple[int, ExecResult]]]
 
 
 class ResultWriter:
     """One writer thread per dispatcher."""
 
-    def __init__(self, conn: redis.Redis, keys: Keys, stats: StatsBuffer, batch_ttl_s: int):
+    def __init__(
+        self,
+        conn: redis.Redis,
+        keys: Keys,
+        stats: StatsBuffer,
+        batch_ttl_s: int,
+        lease: LeaseKeeper,
+    ) -> None:
         self.conn = conn
         self.keys = keys
         self.stats = stats
         self.batch_ttl_s = batch_ttl_s
+        self.lease = lease
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._sha = conn.script_load(WRITE_RESULT)
+        write_script.load(conn)
         self._thread = threading.Thread(target=self._loop, name="codepool-writer", daemon=True)
         self._thread.start()
 
@@ -86,13 +92,12 @@ class ResultWriter:
             }
             self._write_with_retry(groups, ttls)
 
-    def _write_with_retry(
-        self,
-        groups: dict[BatchExecution, list[tuple[int, ExecResult]]],
-        ttls: dict[BatchExecution, bool],
-    ) -> None:
+    def _write_with_retry(self, groups: _Groups, ttls: dict[BatchExecution, bool]) -> None:
         deadline = time.monotonic() + RETRY_FOR_S
         while True:
+            if not self.lease.confirm(max(0.0, deadline - time.monotonic())):
+                self._drop(groups)
+                return
             try:
                 self._write(groups, ttls)
                 return
@@ -105,19 +110,25 @@ class ResultWriter:
                 log.warning("writing results failed, retrying: %s", exc)
                 time.sleep(0.5)
 
-    def _write(
-        self,
-        groups: dict[BatchExecution, list[tuple[int, ExecResult]]],
-        ttls: dict[BatchExecution, bool],
-    ) -> None:
+    def _drop(self, groups: _Groups) -> None:
+        for execution, results in groups.items():
+            log.info(
+                "batch %s: dropped %d late results: this dispatcher's lease lapsed and its "
+                "snippets were released to run elsewhere",
+                execution.batch_id,
+                len(results),
+            )
+            execution.written(len(results))
+
+    def _write(self, groups: _Groups, ttls: dict[BatchExecution, bool]) -> None:
         with self.conn.pipeline(transaction=False) as pipe:
             for execution, results in groups.items():
-                results_key = self.keys.batch_results(execution.batch.batch_id)
-                done_key = self.keys.batch_done(execution.batch.batch_id)
+                results_key = self.keys.batch_results(execution.batch_id)
+                done_key = self.keys.batch_done(execution.batch_id)
                 for index, result in results:
                     blob = codec.encode_result(result)
                     entry = codec.encode_done_entry(index, blob)
-                    pipe.evalsha(self._sha, 2, results_key, done_key, index, blob, entry)
+                    write_script.queue(pipe, [results_key, done_key], [index, blob, entry])
                 if ttls[execution]:
                     # With the first write, and whenever the batch has nothing left in
                     # flight: the producer may have drained (deleted) the done list.
@@ -126,14 +137,23 @@ class ResultWriter:
             try:
                 replies = pipe.execute()
             except redis.exceptions.NoScriptError:
-                self._sha = self.conn.script_load(WRITE_RESULT)
+                write_script.load(self.conn)
                 raise redis.RedisError("script was not loaded; loaded it again") from None
         position = 0
         for execution, results in groups.items():
-            for _, result in results:
+            late = 0
+            for index, result in results:
                 if replies[position]:
-                    self.stats.record(result, execution.batch.run)
+                    self.stats.record(execution.batch_id, execution.run, index, result)
+                else:
+                    late += 1
                 position += 1
+            if late:
+                log.info(
+                    "batch %s: %d late results dropped, already written by another run",
+                    execution.batch_id,
+                    late,
+                )
             if ttls[execution]:
                 position += 2
             execution.written(len(results))

@@ -9,10 +9,11 @@ from collections.abc import Callable
 import redis
 
 from codepool.common import codec
+from codepool.common.ledger import submit_script
 from codepool.common.limits import Limits
-from codepool.common.queueing import batch_queue, enqueue_batch
+from codepool.common.queueing import announce, batch_queue
 from codepool.common.settings import Settings
-from codepool.common.wire import BatchJob, new_batch_id
+from codepool.common.wire import JOB_FUNCTION, BatchJob, new_batch_id
 from codepool.producer import CodePool
 from codepool.producer.pool import Batch
 from tests.conftest import WorkerProcess
@@ -20,12 +21,23 @@ from tests.conftest import WorkerProcess
 StartWorker = Callable[..., WorkerProcess]
 
 
-def _enqueue_raw(url: str, batch_id: str, payload: bytes, size: int) -> None:
+def _store_raw(url: str, batch_id: str, spec: bytes, size: int) -> None:
+    """Store a batch record as a producer would, whatever it holds, and announce it."""
     settings = Settings(redis_url=url)
     client = redis.Redis.from_url(url)
-    enqueue_batch(
-        batch_queue(client, settings), settings, batch_id=batch_id, payload=payload, size=size
+    submit_script(
+        client,
+        [settings.keys.batch_state(batch_id), settings.keys.leases()],
+        [spec, size, "", 2, settings.batch_ttl_s, settings.lease_s],
     )
+    announce(batch_queue(client, settings), settings, batch_id=batch_id, size=size)
+
+
+def _announce_raw(url: str, payload: bytes) -> None:
+    """Put an RQ job for codepool's job function with an arbitrary payload."""
+    settings = Settings(redis_url=url)
+    client = redis.Redis.from_url(url)
+    batch_queue(client, settings).enqueue(JOB_FUNCTION, payload)
 
 
 def _good(batch_id: str, codes: list[str]) -> dict[str, object]:
@@ -49,16 +61,23 @@ def test_malformed_batches_are_rejected_promptly(redis_url: str, start_worker: S
     }
     for name, build in cases.items():
         batch_id = new_batch_id()
-        _enqueue_raw(redis_url, batch_id, codec.dumps(build(batch_id)), 2)
+        _store_raw(redis_url, batch_id, codec.dumps(build(batch_id)), 2)
         started = time.monotonic()
         results = Batch(pool, batch_id, 2, Limits(), deadline_s=30).results(timeout_s=30)
         assert time.monotonic() - started < 10, name
         assert [r.status for r in results] == ["rejected", "rejected"], name
         assert "malformed batch" in results[0].stderr, name
-    # Undecodable bytes: nobody can be told, but the worker logs it and keeps serving.
-    _enqueue_raw(redis_url, new_batch_id(), b"\xc1\xc1 not msgpack", 1)
+    # An undecodable batch record still has an id: its producer is told.
+    batch_id = new_batch_id()
+    _store_raw(redis_url, batch_id, b"\xc1\xc1 not msgpack", 2)
+    results = Batch(pool, batch_id, 2, Limits(), deadline_s=30).results(timeout_s=30)
+    assert [r.status for r in results] == ["rejected", "rejected"]
+    assert "undecodable msgpack payload" in results[0].stderr
+    # An undecodable announcement: nobody can be told, but the worker logs it and keeps
+    # serving.
+    _announce_raw(redis_url, b"\xc1\xc1 not msgpack")
     deadline = time.monotonic() + 15
-    while worker.log().count("refused malformed batch") < len(cases) + 1:
+    while worker.log().count("refused malformed batch") < len(cases) + 2:
         assert time.monotonic() < deadline, worker.log()
         time.sleep(0.1)
     assert "undecodable msgpack payload" in worker.log()

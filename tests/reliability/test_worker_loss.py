@@ -1,4 +1,6 @@
-"""Worker loss: a batch whose worker host is killed -9 still completes, once per index."""
+"""Worker loss: a batch whose worker host is killed -9 still completes, once per index,
+through the lapsed dispatchers' leases (the producer's deadline is left at its default,
+far beyond these tests' waits)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,6 @@ from codepool.producer import CodePool
 from tests.conftest import WorkerProcess
 
 StartWorker = Callable[..., WorkerProcess]
-# The producer's deadline for the test batch: when it passes with results missing, the
-# batch is re-enqueued once and the surviving worker finishes it.
-DEADLINE_S = 6.0
 
 
 def _kill_host(worker: WorkerProcess) -> None:
@@ -35,9 +34,7 @@ def test_batch_survives_its_worker_host_being_killed(
     pool = CodePool(redis_url)
     n = 200
     batch = pool.submit(
-        [f"import time\ntime.sleep(0.02)\nprint({i})" for i in range(n)],
-        timeout_s=5.0,
-        deadline_s=DEADLINE_S,
+        [f"import time\ntime.sleep(0.02)\nprint({i})" for i in range(n)], timeout_s=5.0
     )
     seen: list[int] = []
     iterator = batch.as_completed(timeout_s=120)
@@ -47,19 +44,17 @@ def test_batch_survives_its_worker_host_being_killed(
             break
     _kill_host(doomed)
     start_worker(concurrency=2, name="survivor")
-    started = time.monotonic()
     seen += [index for index, _ in iterator]
     results = batch.results()
     assert sorted(seen) == list(range(n)), "every index exactly once"
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
-    assert time.monotonic() - started < DEADLINE_S + 30
-    # Never counted twice (stats count first writes only). What the killed worker had
-    # not flushed yet (at most its last second) is lost with it.
-    from_doomed = sum(r.worker == "doomed" for r in results)
-    deadline = time.monotonic() + 10
-    while pool.counters().get("calls", 0) < n - from_doomed and time.monotonic() < deadline:
+    assert {r.worker for r in results} == {"doomed", "survivor"}
+    # Counted exactly once each: what the killed host wrote but never flushed is counted
+    # by the janitor that recovered it.
+    deadline = time.monotonic() + 30
+    while pool.counters().get("calls", 0) < n and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert n - from_doomed <= pool.counters()["calls"] <= n
+    assert pool.counters()["calls"] == n
 
 
 def _dispatcher_running(url: str, batch_id: str) -> int:
@@ -71,7 +66,8 @@ def _dispatcher_running(url: str, batch_id: str) -> int:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for worker in Worker.all(connection=client):
-            if worker.get_current_job_id() == batch_id and worker.pid:
+            job_id = worker.get_current_job_id() or ""
+            if job_id.startswith(batch_id) and worker.pid:
                 return int(worker.pid)
         time.sleep(0.05)
     raise AssertionError("no dispatcher picked the batch up")
@@ -81,9 +77,7 @@ def test_batch_survives_a_lone_dispatcher_kill(redis_url: str, start_worker: Sta
     worker = start_worker(concurrency=2)
     pool = CodePool(redis_url)
     n = 20
-    batch = pool.submit(
-        [f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)], deadline_s=DEADLINE_S
-    )
+    batch = pool.submit([f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)])
     os.kill(_dispatcher_running(redis_url, batch.id), signal.SIGKILL)
     results = batch.results(timeout_s=60)
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
@@ -95,9 +89,7 @@ def test_batch_survives_a_zygote_kill(redis_url: str, start_worker: StartWorker)
     worker = start_worker(concurrency=2)
     pool = CodePool(redis_url)
     n = 20
-    batch = pool.submit(
-        [f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)], deadline_s=DEADLINE_S
-    )
+    batch = pool.submit([f"import time\ntime.sleep(0.2)\nprint({i})" for i in range(n)])
     _dispatcher_running(redis_url, batch.id)
     zygotes = [pid for pid in descendants(worker.process.pid) if worker_role(pid) == "zygote"]
     assert len(zygotes) == 1

@@ -1,0 +1,195 @@
+"""Recovering a lapsed dispatcher's work: fence it, release what it had not finished,
+count what it finished, announce the released work, and tidy RQ's records of it.
+
+Any live dispatcher runs this from its heartbeat, and a producer while it waits, so a
+batch recovers whether or not its own producer is still there. Every step is idempotent:
+two janitors on the same lapsed dispatcher release its work once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import cast
+
+import redis
+from rq import Worker
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.registry import StartedJobRegistry
+from rq.worker_registration import unregister
+
+from codepool.common import codec
+from codepool.common.codec import MsgpackSerializer
+from codepool.common.ledger import fence_script, forget_script, release_script, write_script
+from codepool.common.queueing import announce, announcements_for, batch_of_job, batch_queue
+from codepool.common.result import ExecResult, infra
+from codepool.common.settings import Settings
+from codepool.common.tally import count_hashes, count_results
+
+log = logging.getLogger(__name__)
+
+LOST_MESSAGE = "codepool: the worker running this snippet was lost {runs} times; not run again"
+
+
+class Janitor:
+    """Recovers lapsed dispatchers. ``name`` says who did it, in logs and results."""
+
+    def __init__(self, conn: redis.Redis, settings: Settings, *, name: str) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.keys = settings.keys
+        self.name = name
+        self.queue = batch_queue(conn, settings)
+        self._contact_since: float | None = None
+
+    def in_contact(self, ok: bool) -> bool:
+        """Note whether the caller's last Redis round trip worked; True once it has
+        worked for a whole lease. Only then may lapses be trusted: after a Redis restart
+        or a partition of our own, everyone looks lapsed for a moment."""
+        now = time.monotonic()
+        if not ok:
+            self._contact_since = None
+            return False
+        if self._contact_since is None:
+            self._contact_since = now
+        return now - self._contact_since >= self.settings.lease_s
+
+    def sweep(self, lapsed: list[str], live: int) -> int:
+        """Recover each lapsed dispatcher; returns how many snippets were released."""
+        released = 0
+        for raw in lapsed:
+            owner = raw.decode() if isinstance(raw, bytes) else str(raw)
+            try:
+                released += self.recover(owner, live)
+            except redis.RedisError as exc:
+                log.warning("janitor %s: recovering %s failed: %s", self.name, owner, exc)
+        return released
+
+    def recover(self, owner: str, live: int) -> int:
+        keys = self.keys
+        if not fence_script(self.conn, [keys.leases()], [owner, self.settings.lease_s]):
+            return 0  # it came back, or another janitor finished it
+        batches = {
+            b.decode() for b in cast(set[bytes], self.conn.smembers(keys.owner_batches(owner)))
+        }
+        held = self._retire_rq_worker(owner)
+        released = 0
+        for batch_id in sorted(batches | ({held} if held else set())):
+            released += self.release(
+                batch_id, owner, live, graceful=False, announce_anyway=batch_id == held
+            )
+        forget_script(self.conn, [keys.leases(), keys.owner_batches(owner)], [owner])
+        log.warning(
+            "janitor %s: dispatcher %s lapsed; released %d snippets of %d batches",
+            self.name,
+            owner,
+            released,
+            len(batches),
+        )
+        return released
+
+    def release(
+        self, batch_id: str, owner: str, live: int, *, graceful: bool, announce_anyway: bool = False
+    ) -> int:
+        """Give ``owner``'s unfinished snippets of a batch back and announce them."""
+        keys = self.keys
+        reply = release_script(
+            self.conn,
+            [
+                keys.batch_state(batch_id),
+                keys.batch_claims(batch_id),
+                keys.batch_retry(batch_id),
+                keys.batch_results(batch_id),
+            ],
+            [owner, "1" if graceful else "0", self.settings.batch_ttl_s],
+        )
+        released, orphans, exhausted, run, fresh, reruns = (
+            int(reply[0]),
+            *reply[1:4],
+            int(reply[4]),
+            int(reply[5]),
+        )
+        if released < 0:
+            return 0  # the batch is gone (expired)
+        run = run.decode() if isinstance(run, bytes) else str(run)
+        if orphans:
+            self._count_orphans(batch_id, run, [int(i) for i in orphans])
+        if exhausted:
+            self._give_up(batch_id, run, [int(i) for i in exhausted], runs=reruns + 1)
+        if released or (announce_anyway and fresh > 0):
+            announce(
+                self.queue,
+                self.settings,
+                batch_id=batch_id,
+                size=max(1, released),
+                count=announcements_for(released, live),
+            )
+        return released
+
+    def _count_orphans(self, batch_id: str, run: str, indices: list[int]) -> None:
+        """Count finished results whose dispatcher may have died before counting them."""
+        blobs = self.conn.hmget(self.keys.batch_results(batch_id), indices)
+        by_worker: defaultdict[str, list[tuple[int, ExecResult]]] = defaultdict(list)
+        for index, blob in zip(indices, blobs, strict=True):
+            if blob is not None:
+                result = codec.decode_result(cast(bytes, blob))
+                by_worker[result.worker].append((index, result))
+        for worker, results in by_worker.items():
+            self._count(batch_id, run, worker, results)
+
+    def _give_up(self, batch_id: str, run: str, indices: list[int], *, runs: int) -> None:
+        result = infra(LOST_MESSAGE.format(runs=runs), worker=self.name)
+        blob = codec.encode_result(result)
+        keys = [self.keys.batch_results(batch_id), self.keys.batch_done(batch_id)]
+        written = []
+        for index in indices:
+            entry = codec.encode_done_entry(index, blob)
+            if write_script(self.conn, keys, [index, blob, entry]):
+                written.append((index, result))
+        self._count(batch_id, run, "", written)
+        log.warning(
+            "janitor %s: batch %s: %d snippets lost too often", self.name, batch_id, len(indices)
+        )
+
+    def _count(
+        self, batch_id: str, run: str, worker: str, results: list[tuple[int, ExecResult]]
+    ) -> None:
+        count_results(
+            self.conn,
+            self.keys,
+            batch_id=batch_id,
+            owner="",
+            hashes=count_hashes(self.keys, worker, run),
+            results=results,
+            batch_ttl_s=self.settings.batch_ttl_s,
+            minute_ttl_s=self.settings.minute_stats_ttl_s,
+        )
+
+    def _retire_rq_worker(self, owner: str) -> str | None:
+        """Take a lost dispatcher out of RQ's worker list and its job out of RQ's started
+        registry; returns the batch of the job it held, if any (it may have held the
+        only announcement of that batch)."""
+        worker = Worker.find_by_key(
+            Worker.redis_worker_namespace_prefix + owner,
+            connection=self.conn,
+            serializer=MsgpackSerializer,
+        )
+        if worker is None:
+            return None
+        job_id = worker.get_current_job_id()
+        unregister(worker)
+        self.conn.delete(worker.key)
+        if not job_id:
+            return None
+        try:
+            job = Job.fetch(job_id, connection=self.conn, serializer=MsgpackSerializer)
+        except NoSuchJobError:
+            return batch_of_job(job_id)
+        registry = StartedJobRegistry(
+            self.queue.name, connection=self.conn, serializer=MsgpackSerializer
+        )
+        registry.remove_executions(job)
+        self.conn.expire(job.key, self.settings.job_failure_ttl_s)
+        return batch_of_job(job_id)

@@ -1,0 +1,247 @@
+"""The batch ledger: who may run which snippet of a batch, and what has been counted.
+
+A producer stores a batch once (its ``state`` hash) and announces it on the RQ queue.
+Dispatchers on any host claim runs of its indices (fresh ones, or ones released from a
+lapsed claim first) and write each result with HSETNX, first write wins. Every
+dispatcher holds a lease: a heartbeat score in one sorted set, in Redis server time so
+the hosts' clocks do not matter. A dispatcher whose score is older than the lease is
+*lapsed*; a janitor (any live dispatcher, or a waiting producer) fences it (score 0),
+releases its unfinished indices to the batch's retry list and forgets it. A fenced
+dispatcher that comes back learns it from its next heartbeat and stops.
+
+Stats are counted per index through a bitmap, so a result is counted once however many
+times it was flushed, retried or found orphaned by a janitor.
+
+Everything that must be atomic is a Lua script here; the per-snippet path costs one
+EVALSHA (the result write), a claim one per run of indices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.client import Pipeline
+
+# KEYS: state, leases. ARGV: spec, n, run, reruns, ttl_s, lease_s. -> live dispatchers.
+SUBMIT = """
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
+           'reruns', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+local t = redis.call('TIME')
+return redis.call('ZCOUNT', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[6], '+inf')
+"""
+
+# KEYS: state, claims, retry, leases, owner_batches.
+# ARGV: owner, batch_id, min_k, max_k, live, need_spec ('1' on a dispatcher's first claim
+# in this batch: returns the batch record too), ttl_s.
+# -> {-2} fenced owner; {-1} no such batch; {0, '', spec} nothing left to claim;
+#    {claim_id, indices, spec}: indices "a-b" (fresh range) or "i,j" (released ones).
+# Fresh runs shrink as the batch drains (guided self-scheduling): about what is left
+# over twice the live dispatchers, at least what the claimer has room for.
+CLAIM = """
+local score = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if (not score) or tonumber(score) == 0 then return {-2} end
+local st = redis.call('HMGET', KEYS[1], 'n', 'next')
+if not st[1] then return {-1} end
+local n, nxt = tonumber(st[1]), tonumber(st[2])
+local min_k, max_k = tonumber(ARGV[3]), tonumber(ARGV[4])
+local spec = false
+if ARGV[6] == '1' then
+  spec = redis.call('HGET', KEYS[1], 'spec')
+  redis.call('SADD', KEYS[5], ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[7])
+end
+local cid, claim
+local again = redis.call('LPOP', KEYS[3], min_k)
+if again then
+  cid = 'r' .. redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  claim = table.concat(again, ',')
+elseif nxt < n then
+  local left = n - nxt
+  local k = math.ceil(left / (2 * math.max(1, tonumber(ARGV[5]))))
+  k = math.min(math.max(k, min_k), max_k, left)
+  redis.call('HSET', KEYS[1], 'next', nxt + k)
+  cid = 'f' .. nxt
+  claim = nxt .. '-' .. (nxt + k - 1)
+else
+  return {0, '', spec}
+end
+redis.call('HSET', KEYS[2], cid, ARGV[1] .. '|' .. claim)
+return {cid, claim, spec}
+"""
+
+# KEYS: results, done. ARGV: index, result, done entry. HSETNX the result; push the done
+# entry (index and result, so the producer needs no second read) only on a first write.
+WRITE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+# KEYS: leases. ARGV: owner ('' to only watch), lease_s, first ('1' on the first beat).
+# -> {1, live, lapsed owners} or {-1} when the owner was fenced or forgotten meanwhile.
+HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+if ARGV[1] ~= '' then
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  if ARGV[3] ~= '1' and ((not s) or tonumber(s) == 0) then return {-1} end
+  redis.call('ZADD', KEYS[1], now, ARGV[1])
+end
+local live = redis.call('ZCOUNT', KEYS[1], now - ARGV[2], '+inf')
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], 0, now - ARGV[2], 'LIMIT', 0, 16)
+return {1, live, lapsed}
+"""
+
+# KEYS: leases. ARGV: owner, lease_s. -> 1 if the owner is fenced now (or already was).
+FENCE = """
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s then return 0 end
+if tonumber(s) == 0 then return 1 end
+local t = redis.call('TIME')
+if tonumber(s) > tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[2] then return 0 end
+redis.call('ZADD', KEYS[1], 0, ARGV[1])
+return 1
+"""
+
+# KEYS: leases, owner_batches. ARGV: owner. Drop a fenced owner once it is released.
+FORGET = """
+if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '-1') == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('DEL', KEYS[2])
+end
+return 0
+"""
+
+# KEYS: state, claims, retry, results. ARGV: owner, graceful ('1': a stopping owner gives
+# back what it never started, which costs no re-run), ttl_s.
+# -> {released, finished indices (orphans), exhausted indices, run tag, unclaimed fresh
+#    indices, reruns allowed}; released = -1 when the batch is gone.
+RELEASE = """
+local st = redis.call('HMGET', KEYS[1], 'reruns', 'run', 'n', 'next')
+if not st[1] then return {-1, {}, {}, '', 0, 0} end
+local reruns = tonumber(st[1])
+local again, orphans, exhausted = {}, {}, {}
+local function visit(i)
+  if redis.call('HEXISTS', KEYS[4], i) == 1 then
+    orphans[#orphans + 1] = i
+  elseif ARGV[2] == '1' then
+    again[#again + 1] = i
+  elseif redis.call('HINCRBY', KEYS[1], 'r' .. i, 1) > reruns then
+    exhausted[#exhausted + 1] = i
+  else
+    again[#again + 1] = i
+  end
+end
+local all = redis.call('HGETALL', KEYS[2])
+for p = 1, #all, 2 do
+  local owner, claim = string.match(all[p + 1], '^(.*)|([^|]*)$')
+  if owner == ARGV[1] then
+    local a, b = string.match(claim, '^(%d+)-(%d+)$')
+    if a then
+      for i = tonumber(a), tonumber(b) do visit(i) end
+    else
+      for i in string.gmatch(claim, '%d+') do visit(tonumber(i)) end
+    end
+    redis.call('HDEL', KEYS[2], all[p])
+  end
+end
+for p = 1, #again, 1000 do
+  redis.call('RPUSH', KEYS[3], unpack(again, p, math.min(p + 999, #again)))
+end
+if #again > 0 then redis.call('EXPIRE', KEYS[3], ARGV[3]) end
+return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4]), reruns}
+"""
+
+# KEYS: counted bitmap, owner_batches, then the counter hashes.
+# ARGV: bitmap_ttl_s, minute_ttl_s, position of the minute hash among the counter hashes
+# (1-based, 0: none), batch_id, done ('1': SREM batch_id from owner_batches), then six
+# per result: index, status, latency_us, exec_us, queue_us, latency bucket field.
+# Only indices whose bit is clear are counted; so a flush may be retried, or a janitor
+# count what a dead dispatcher never flushed, without counting anything twice.
+COUNT = """
+local get, seen = {}, {}
+for p = 6, #ARGV, 6 do
+  get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = '#' .. ARGV[p]
+end
+local counted = 0
+if #get > 0 then
+  local bits = redis.call('BITFIELD', KEYS[1], unpack(get))
+  local sums, set, r = {}, {}, 0
+  local function add(field, v) sums[field] = (sums[field] or 0) + v end
+  for p = 6, #ARGV, 6 do
+    r = r + 1
+    if bits[r] == 0 and not seen[ARGV[p]] then
+      seen[ARGV[p]] = true
+      counted = counted + 1
+      add('calls', 1); add(ARGV[p + 1], 1); add(ARGV[p + 5], 1)
+      add('latency_us', tonumber(ARGV[p + 2]))
+      add('exec_us', tonumber(ARGV[p + 3]))
+      add('queue_us', tonumber(ARGV[p + 4]))
+      set[#set + 1] = 'SET'; set[#set + 1] = 'u1'; set[#set + 1] = '#' .. ARGV[p]
+      set[#set + 1] = 1
+    end
+  end
+  if counted > 0 then
+    redis.call('BITFIELD', KEYS[1], unpack(set))
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+    for k = 3, #KEYS do
+      for field, v in pairs(sums) do
+        if v ~= 0 then redis.call('HINCRBY', KEYS[k], field, v) end
+      end
+    end
+    local minute = tonumber(ARGV[3])
+    if minute > 0 then redis.call('EXPIRE', KEYS[2 + minute], ARGV[2]) end
+  end
+end
+if ARGV[5] == '1' then redis.call('SREM', KEYS[2], ARGV[4]) end
+return counted
+"""
+
+# Results per COUNT call: keeps Lua's unpack() well inside its stack limit.
+COUNT_CHUNK = 500
+
+
+class Script:
+    """A Lua script called by SHA, loaded again if the server forgot it (a restart)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, conn: redis.Redis, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return conn.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            conn.script_load(self.source)
+            return conn.evalsha(self.sha, len(keys), *keys, *args)
+
+    def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """Add the call to a pipeline; the caller loads the script on NoScriptError."""
+        pipe.evalsha(self.sha, len(keys), *keys, *args)
+
+    def load(self, conn: redis.Redis) -> None:
+        conn.script_load(self.source)
+
+
+submit_script = Script(SUBMIT)
+claim_script = Script(CLAIM)
+write_script = Script(WRITE)
+heartbeat_script = Script(HEARTBEAT)
+fence_script = Script(FENCE)
+forget_script = Script(FORGET)
+release_script = Script(RELEASE)
+count_script = Script(COUNT)
+
+
+def parse_indices(claim: str) -> list[int]:
+    """The indices of a claim as CLAIM returns it: ``a-b`` or ``i,j,k``."""
+    if "-" in claim:
+        first, last = claim.split("-")
+        return list(range(int(first), int(last) + 1))
+    return [int(i) for i in claim.split(",") if i]

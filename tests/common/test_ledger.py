@@ -1,0 +1,160 @@
+"""The batch ledger's scripts against a real redis-server: claims spread a batch, a lapsed
+dispatcher's unfinished work is released (once), and counts are taken once per index."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import redis
+
+from codepool.common import codec, counters
+from codepool.common.janitor import Janitor
+from codepool.common.ledger import (
+    claim_script,
+    heartbeat_script,
+    parse_indices,
+    submit_script,
+    write_script,
+)
+from codepool.common.limits import Limits
+from codepool.common.result import ExecResult
+from codepool.common.settings import Settings
+from codepool.common.tally import count_hashes, count_results
+from codepool.common.wire import BatchJob, new_batch_id
+
+
+def _settings(url: str) -> Settings:
+    return Settings(redis_url=url, lease_s=5.0)
+
+
+def _store(conn: redis.Redis, settings: Settings, n: int, reruns: int = 2) -> str:
+    batch_id = new_batch_id()
+    spec = BatchJob.from_codes(batch_id, ["print(1)"] * n, Limits(), "r", 0.0).encode()
+    keys = settings.keys
+    submit_script(
+        conn,
+        [keys.batch_state(batch_id), keys.leases()],
+        [spec, n, "r", reruns, settings.batch_ttl_s, settings.lease_s],
+    )
+    return batch_id
+
+
+def _claim(
+    conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int, live: int
+) -> list[int] | None:
+    keys = settings.keys
+    reply = claim_script(
+        conn,
+        [
+            keys.batch_state(batch_id),
+            keys.batch_claims(batch_id),
+            keys.batch_retry(batch_id),
+            keys.leases(),
+            keys.owner_batches(owner),
+        ],
+        [owner, batch_id, room, 64, live, "1", settings.batch_ttl_s],
+    )
+    if reply[0] == -2:
+        return None
+    return parse_indices(reply[1].decode()) if reply[1] else []
+
+
+def _beat(conn: redis.Redis, settings: Settings, owner: str) -> list[int | list[bytes]]:
+    return list(heartbeat_script(conn, [settings.keys.leases()], [owner, settings.lease_s, "1"]))
+
+
+def _write(conn: redis.Redis, settings: Settings, batch_id: str, index: int) -> int:
+    blob = codec.encode_result(ExecResult(True, f"{index}\n", "", 0, False, 0.01))
+    keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
+    return int(write_script(conn, keys, [index, blob, codec.encode_done_entry(index, blob)]))
+
+
+def test_claims_cover_every_index_once_and_shrink_as_the_batch_drains(redis_url: str) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    for owner in ("a", "b", "c"):
+        _beat(conn, settings, owner)
+    batch_id = _store(conn, settings, 100)
+    sizes, seen = [], []
+    while True:
+        got = _claim(conn, settings, batch_id, "abc"[len(sizes) % 3], room=1, live=3)
+        assert got is not None
+        if not got:
+            break
+        sizes.append(len(got))
+        seen += got
+    assert sorted(seen) == list(range(100))
+    assert sizes[0] == 17 and sizes[-1] == 1  # ceil(100 / 6), down to one at the end
+    assert sizes == sorted(sizes, reverse=True)
+    # A dispatcher without a lease claims nothing.
+    assert _claim(conn, settings, _store(conn, settings, 3), "stranger", 1, 1) is None
+
+
+def test_a_lapsed_dispatchers_unfinished_work_is_released_once(redis_url: str) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    _beat(conn, settings, "dead")
+    _beat(conn, settings, "alive")
+    batch_id = _store(conn, settings, 10)
+    claimed = _claim(conn, settings, batch_id, "dead", room=10, live=1)
+    assert claimed == list(range(10))
+    for index in (0, 1, 2):
+        assert _write(conn, settings, batch_id, index) == 1
+    # Lapse "dead": its heartbeat is older than the lease.
+    conn.zadd(settings.keys.leases(), {"dead": 1.0})
+    reply = _beat(conn, settings, "alive")
+    assert reply[2] == [b"dead"]
+    janitor = Janitor(conn, settings, name="alive")
+    assert janitor.sweep([b"dead"], live=1) == 7  # type: ignore[list-item]
+    assert janitor.sweep([b"dead"], live=1) == 0  # type: ignore[list-item]
+    # Released indices are claimed before anything else, by a live dispatcher.
+    again = _claim(conn, settings, batch_id, "alive", room=10, live=1)
+    assert again == [3, 4, 5, 6, 7, 8, 9]
+    # The fenced dispatcher learns it at its next heartbeat and may claim nothing.
+    assert heartbeat_script(conn, [settings.keys.leases()], ["dead", 5.0, "0"])[0] == -1
+    assert _claim(conn, settings, batch_id, "dead", 1, 1) is None
+    # The three it finished were counted by the janitor, once.
+    assert counters.parse(conn.hgetall(settings.keys.stats()))["calls"] == 3
+    # A late write for an index already written is dropped.
+    assert _write(conn, settings, batch_id, 0) == 0
+    assert conn.llen(settings.keys.batch_done(batch_id)) == 3
+
+
+def test_a_snippet_lost_too_often_comes_back_infra(redis_url: str) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    batch_id = _store(conn, settings, 1, reruns=1)
+    for attempt in range(2):
+        owner = f"host{attempt}"
+        _beat(conn, settings, owner)
+        assert _claim(conn, settings, batch_id, owner, 1, 1) == [0]
+        conn.zadd(settings.keys.leases(), {owner: 1.0})
+        Janitor(conn, settings, name="j").sweep([owner.encode()], live=1)  # type: ignore[list-item]
+    entries = conn.lrange(settings.keys.batch_done(batch_id), 0, -1)
+    assert len(entries) == 1
+    index, result = codec.decode_done_entry(entries[0])
+    assert index == 0 and result.status == "infra" and "lost 2 times" in result.stderr
+    assert counters.parse(conn.hgetall(settings.keys.stats()))["infra"] == 1
+
+
+def test_redis_side_counting_matches_the_python_counters_and_never_counts_twice(
+    redis_url: str,
+) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    results = [
+        (i, ExecResult(i % 3 == 0, "", "", 0, False, 0.001 * 7**i, status=s, exec_s=0.002 * i))
+        for i, s in enumerate(["ok", "error", "timeout", "ok", "memory", "ok"])
+    ]
+    expected: Counter[str] = Counter()
+    for _, result in results:
+        expected.update(counters.count(result))
+    hashes = count_hashes(settings.keys, "w1", "run1")
+    kwargs = dict(batch_id="b1", owner="w1.0", hashes=hashes, batch_ttl_s=60, minute_ttl_s=60)
+    assert count_results(conn, settings.keys, results=results[:4], **kwargs) == 4  # type: ignore[arg-type]
+    # A retried flush with the same results, plus new ones, adds only the new ones.
+    assert count_results(conn, settings.keys, results=results, **kwargs) == 2  # type: ignore[arg-type]
+    for key in hashes:
+        got = counters.parse(conn.hgetall(key))
+        assert got == {field: value for field, value in expected.items() if value}, key
+    assert 0 < conn.ttl(hashes[1]) <= 60  # the minute hash expires
