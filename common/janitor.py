@@ -26,7 +26,7 @@ from codepool.common.ledger import fence_script, forget_script, release_script, 
 from codepool.common.queueing import announce, announcements_for, batch_of_job, batch_queue
 from codepool.common.result import ExecResult, infra
 from codepool.common.settings import Settings
-from codepool.common.tally import count_hashes, count_results
+from codepool.common.tally import BatchCounts, count_hashes, count_results
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +99,9 @@ class Janitor:
             self.conn,
             [
                 keys.batch_state(batch_id),
-                keys.batch_claims(batch_id),
                 keys.batch_retry(batch_id),
                 keys.batch_results(batch_id),
+                keys.batch_done(batch_id),
             ],
             [owner, "1" if graceful else "0", self.settings.batch_ttl_s],
         )
@@ -148,6 +148,7 @@ class Janitor:
             entry = codec.encode_done_entry(index, blob)
             if write_script(self.conn, keys, [index, blob, entry]):
                 written.append((index, result))
+        self.conn.expire(keys[1], self.settings.batch_ttl_s)
         self._count(batch_id, run, "", written)
         log.warning(
             "janitor %s: batch %s: %d snippets lost too often", self.name, batch_id, len(indices)
@@ -159,10 +160,9 @@ class Janitor:
         count_results(
             self.conn,
             self.keys,
-            batch_id=batch_id,
             owner="",
             hashes=count_hashes(self.keys, worker, run),
-            results=results,
+            batches=[BatchCounts(batch_id, results)],
             batch_ttl_s=self.settings.batch_ttl_s,
             minute_ttl_s=self.settings.minute_stats_ttl_s,
         )

@@ -24,12 +24,10 @@ class Keys:
 
     def batch_state(self, batch_id: str) -> str:
         """Hash: the batch as submitted (``spec``, ``n``, ``run``, ``reruns``), the next
-        unclaimed index (``next``), and per re-run index its lapse count (``r{i}``)."""
+        unclaimed index (``next``), the claims (``c:{id}`` -> ``owner|indices``), how
+        many released indices wait (``retry``), and per re-run index its lapses
+        (``r{i}``)."""
         return f"{self.prefix}batch:{batch_id}:state"
-
-    def batch_claims(self, batch_id: str) -> str:
-        """Hash: claim id -> ``owner|indices`` (a range ``a-b`` or a list ``i,j``)."""
-        return f"{self.prefix}batch:{batch_id}:claims"
 
     def batch_retry(self, batch_id: str) -> str:
         """List: indices released from lapsed claims, claimed again before fresh ones."""

@@ -34,43 +34,44 @@ local t = redis.call('TIME')
 return redis.call('ZCOUNT', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[6], '+inf')
 """
 
-# KEYS: state, claims, retry, leases, owner_batches.
+# KEYS: state, retry, leases, owner_batches.
 # ARGV: owner, batch_id, min_k, max_k, live, need_spec ('1' on a dispatcher's first claim
-# in this batch: returns the batch record too), ttl_s.
+# in this batch: returns the batch record too).
 # -> {-2} fenced owner; {-1} no such batch; {0, '', spec} nothing left to claim;
 #    {claim_id, indices, spec}: indices "a-b" (fresh range) or "i,j" (released ones).
-# Fresh runs shrink as the batch drains (guided self-scheduling): about what is left
-# over twice the live dispatchers, at least what the claimer has room for.
+# Claims are fields ``c:{id}`` = ``owner|indices`` of the state hash (one HSET with the
+# ``next`` counter). Fresh runs shrink as the batch drains (guided self-scheduling):
+# about what is left over twice the live dispatchers, at least what the claimer has
+# room for.
 CLAIM = """
-local score = redis.call('ZSCORE', KEYS[4], ARGV[1])
+local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if (not score) or tonumber(score) == 0 then return {-2} end
-local st = redis.call('HMGET', KEYS[1], 'n', 'next')
+local st = redis.call('HMGET', KEYS[1], 'n', 'next', 'retry')
 if not st[1] then return {-1} end
 local n, nxt = tonumber(st[1]), tonumber(st[2])
 local min_k, max_k = tonumber(ARGV[3]), tonumber(ARGV[4])
 local spec = false
 if ARGV[6] == '1' then
   spec = redis.call('HGET', KEYS[1], 'spec')
-  redis.call('SADD', KEYS[5], ARGV[2])
-  redis.call('EXPIRE', KEYS[2], ARGV[7])
+  redis.call('SADD', KEYS[4], ARGV[2])
 end
-local cid, claim
-local again = redis.call('LPOP', KEYS[3], min_k)
-if again then
-  cid = 'r' .. redis.call('HINCRBY', KEYS[1], 'seq', 1)
-  claim = table.concat(again, ',')
-elseif nxt < n then
-  local left = n - nxt
-  local k = math.ceil(left / (2 * math.max(1, tonumber(ARGV[5]))))
-  k = math.min(math.max(k, min_k), max_k, left)
-  redis.call('HSET', KEYS[1], 'next', nxt + k)
-  cid = 'f' .. nxt
-  claim = nxt .. '-' .. (nxt + k - 1)
-else
-  return {0, '', spec}
+if tonumber(st[3] or '0') > 0 then
+  local again = redis.call('LPOP', KEYS[2], min_k)
+  if again then
+    redis.call('HINCRBY', KEYS[1], 'retry', -#again)
+    local cid = 'r' .. redis.call('HINCRBY', KEYS[1], 'seq', 1)
+    local claim = table.concat(again, ',')
+    redis.call('HSET', KEYS[1], 'c:' .. cid, ARGV[1] .. '|' .. claim)
+    return {cid, claim, spec}
+  end
 end
-redis.call('HSET', KEYS[2], cid, ARGV[1] .. '|' .. claim)
-return {cid, claim, spec}
+if nxt >= n then return {0, '', spec} end
+local left = n - nxt
+local k = math.ceil(left / (2 * math.max(1, tonumber(ARGV[5]))))
+k = math.min(math.max(k, min_k), max_k, left)
+local claim = nxt .. '-' .. (nxt + k - 1)
+redis.call('HSET', KEYS[1], 'next', nxt + k, 'c:f' .. nxt, ARGV[1] .. '|' .. claim)
+return {'f' .. nxt, claim, spec}
 """
 
 # KEYS: results, done. ARGV: index, result, done entry. HSETNX the result; push the done
@@ -118,8 +119,9 @@ end
 return 0
 """
 
-# KEYS: state, claims, retry, results. ARGV: owner, graceful ('1': a stopping owner gives
-# back what it never started, which costs no re-run), ttl_s.
+# KEYS: state, retry, results, done. ARGV: owner, graceful ('1': a stopping owner gives
+# back what it never started, which costs no re-run), ttl_s. Sets the done list's TTL
+# again: the lapsed owner may have made it anew after the producer had drained it.
 # -> {released, finished indices (orphans), exhausted indices, run tag, unclaimed fresh
 #    indices, reruns allowed}; released = -1 when the batch is gone.
 RELEASE = """
@@ -128,7 +130,7 @@ if not st[1] then return {-1, {}, {}, '', 0, 0} end
 local reruns = tonumber(st[1])
 local again, orphans, exhausted = {}, {}, {}
 local function visit(i)
-  if redis.call('HEXISTS', KEYS[4], i) == 1 then
+  if redis.call('HEXISTS', KEYS[3], i) == 1 then
     orphans[#orphans + 1] = i
   elseif ARGV[2] == '1' then
     again[#again + 1] = i
@@ -138,68 +140,82 @@ local function visit(i)
     again[#again + 1] = i
   end
 end
-local all = redis.call('HGETALL', KEYS[2])
+local all = redis.call('HGETALL', KEYS[1])
 for p = 1, #all, 2 do
-  local owner, claim = string.match(all[p + 1], '^(.*)|([^|]*)$')
-  if owner == ARGV[1] then
-    local a, b = string.match(claim, '^(%d+)-(%d+)$')
-    if a then
-      for i = tonumber(a), tonumber(b) do visit(i) end
-    else
-      for i in string.gmatch(claim, '%d+') do visit(tonumber(i)) end
+  if string.sub(all[p], 1, 2) == 'c:' then
+    local owner, claim = string.match(all[p + 1], '^(.*)|([^|]*)$')
+    if owner == ARGV[1] then
+      local a, b = string.match(claim, '^(%d+)-(%d+)$')
+      if a then
+        for i = tonumber(a), tonumber(b) do visit(i) end
+      else
+        for i in string.gmatch(claim, '%d+') do visit(tonumber(i)) end
+      end
+      redis.call('HDEL', KEYS[1], all[p])
     end
-    redis.call('HDEL', KEYS[2], all[p])
   end
 end
 for p = 1, #again, 1000 do
-  redis.call('RPUSH', KEYS[3], unpack(again, p, math.min(p + 999, #again)))
+  redis.call('RPUSH', KEYS[2], unpack(again, p, math.min(p + 999, #again)))
 end
-if #again > 0 then redis.call('EXPIRE', KEYS[3], ARGV[3]) end
+if #again > 0 then
+  redis.call('HINCRBY', KEYS[1], 'retry', #again)
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
+redis.call('EXPIRE', KEYS[4], ARGV[3])
 return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4]), reruns}
 """
 
-# KEYS: counted bitmap, owner_batches, then the counter hashes.
-# ARGV: bitmap_ttl_s, minute_ttl_s, position of the minute hash among the counter hashes
-# (1-based, 0: none), batch_id, done ('1': SREM batch_id from owner_batches), then six
-# per result: index, status, latency_us, exec_us, queue_us, latency bucket field.
+# KEYS: owner_batches, the counter hashes (H of them), then one counted bitmap per batch.
+# ARGV: bitmap_ttl_s, minute_ttl_s, H, then per batch: batch_id, done ('1': SREM it from
+# owner_batches), R, then six per result: index, status, latency_us, exec_us, queue_us,
+# latency bucket field. The minute hash is the second counter hash (its TTL is set).
 # Only indices whose bit is clear are counted; so a flush may be retried, or a janitor
-# count what a dead dispatcher never flushed, without counting anything twice.
+# count what a dead dispatcher never flushed, without counting anything twice. The sums
+# of all batches go to the hashes once.
 COUNT = """
-local get, seen = {}, {}
-for p = 6, #ARGV, 6 do
-  get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = '#' .. ARGV[p]
-end
-local counted = 0
-if #get > 0 then
-  local bits = redis.call('BITFIELD', KEYS[1], unpack(get))
-  local sums, set, r = {}, {}, 0
-  local function add(field, v) sums[field] = (sums[field] or 0) + v end
-  for p = 6, #ARGV, 6 do
-    r = r + 1
-    if bits[r] == 0 and not seen[ARGV[p]] then
-      seen[ARGV[p]] = true
-      counted = counted + 1
-      add('calls', 1); add(ARGV[p + 1], 1); add(ARGV[p + 5], 1)
-      add('latency_us', tonumber(ARGV[p + 2]))
-      add('exec_us', tonumber(ARGV[p + 3]))
-      add('queue_us', tonumber(ARGV[p + 4]))
-      set[#set + 1] = 'SET'; set[#set + 1] = 'u1'; set[#set + 1] = '#' .. ARGV[p]
-      set[#set + 1] = 1
+local nhashes = tonumber(ARGV[3])
+local sums, counted, p = {}, 0, 4
+local function add(field, v) sums[field] = (sums[field] or 0) + v end
+for b = 1, #KEYS - 1 - nhashes do
+  local bitmap, batch_id, done = KEYS[1 + nhashes + b], ARGV[p], ARGV[p + 1]
+  local nres = tonumber(ARGV[p + 2])
+  p = p + 3
+  if nres > 0 then
+    local get, seen, set = {}, {}, {}
+    for r = 0, nres - 1 do
+      get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = '#' .. ARGV[p + 6 * r]
     end
-  end
-  if counted > 0 then
-    redis.call('BITFIELD', KEYS[1], unpack(set))
-    redis.call('EXPIRE', KEYS[1], ARGV[1])
-    for k = 3, #KEYS do
-      for field, v in pairs(sums) do
-        if v ~= 0 then redis.call('HINCRBY', KEYS[k], field, v) end
+    local bits = redis.call('BITFIELD', bitmap, unpack(get))
+    for r = 0, nres - 1 do
+      local q = p + 6 * r
+      if bits[r + 1] == 0 and not seen[ARGV[q]] then
+        seen[ARGV[q]] = true
+        counted = counted + 1
+        add('calls', 1); add(ARGV[q + 1], 1); add(ARGV[q + 5], 1)
+        add('latency_us', tonumber(ARGV[q + 2]))
+        add('exec_us', tonumber(ARGV[q + 3]))
+        add('queue_us', tonumber(ARGV[q + 4]))
+        set[#set + 1] = 'SET'; set[#set + 1] = 'u1'; set[#set + 1] = '#' .. ARGV[q]
+        set[#set + 1] = 1
       end
     end
-    local minute = tonumber(ARGV[3])
-    if minute > 0 then redis.call('EXPIRE', KEYS[2 + minute], ARGV[2]) end
+    if #set > 0 then
+      redis.call('BITFIELD', bitmap, unpack(set))
+      redis.call('EXPIRE', bitmap, ARGV[1])
+    end
+    p = p + 6 * nres
   end
+  if done == '1' then redis.call('SREM', KEYS[1], batch_id) end
 end
-if ARGV[5] == '1' then redis.call('SREM', KEYS[2], ARGV[4]) end
+if counted > 0 then
+  for k = 2, 1 + nhashes do
+    for field, v in pairs(sums) do
+      if v ~= 0 then redis.call('HINCRBY', KEYS[k], field, v) end
+    end
+  end
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
+end
 return counted
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -31,45 +32,56 @@ def count_hashes(keys: Keys, worker: str, run: str, now: float | None = None) ->
     return hashes
 
 
-def count_args(results: Sequence[tuple[int, ExecResult]]) -> list[Any]:
-    args: list[Any] = []
-    for index, result in results:
-        args.append(index)
-        args.extend(counters.terms(result))
-    return args
+@dataclass
+class BatchCounts:
+    """One batch's results to count; ``done``: the owner holds nothing more of it."""
+
+    batch_id: str
+    results: Sequence[tuple[int, ExecResult]]
+    done: bool = False
 
 
 def count_results(
     conn: redis.Redis,
     keys: Keys,
     *,
-    batch_id: str,
     owner: str,
     hashes: Sequence[str],
-    results: Sequence[tuple[int, ExecResult]],
+    batches: Sequence[BatchCounts],
     batch_ttl_s: int,
     minute_ttl_s: int,
-    done: bool = False,
 ) -> int:
-    """Count the not-yet-counted ``(index, result)`` pairs of one batch into ``hashes``
-    (from ``count_hashes``); with ``done``, also drop the batch from ``owner``'s set.
-    Returns how many were new."""
+    """Count the not-yet-counted results of ``batches`` into ``hashes`` (from
+    ``count_hashes``); a batch marked done leaves ``owner``'s set. One script call for
+    up to COUNT_CHUNK results. Returns how many were new."""
     counted = 0
-    chunks = [results[p : p + COUNT_CHUNK] for p in range(0, len(results), COUNT_CHUNK)] or [[]]
-    for position, chunk in enumerate(chunks):
-        last = position == len(chunks) - 1
-        counted += int(
-            count_script(
-                conn,
-                [keys.batch_counted(batch_id), keys.owner_batches(owner), *hashes],
-                [
-                    batch_ttl_s,
-                    minute_ttl_s,
-                    2,
-                    batch_id,
-                    "1" if done and last else "0",
-                    *count_args(chunk),
-                ],
-            )
-        )
+    for piece in _pieces(batches):
+        call_keys = [keys.owner_batches(owner), *hashes]
+        args: list[Any] = [batch_ttl_s, minute_ttl_s, len(hashes)]
+        for item in piece:
+            call_keys.append(keys.batch_counted(item.batch_id))
+            args += [item.batch_id, "1" if item.done else "0", len(item.results)]
+            for index, result in item.results:
+                args.append(index)
+                args.extend(counters.terms(result))
+        counted += int(count_script(conn, call_keys, args))
     return counted
+
+
+def _pieces(batches: Sequence[BatchCounts]) -> list[list[BatchCounts]]:
+    """Split into calls of at most COUNT_CHUNK results; a split batch is done only in
+    its last part."""
+    pieces: list[list[BatchCounts]] = [[]]
+    size = 0
+    for item in batches:
+        results = list(item.results)
+        while True:
+            room = COUNT_CHUNK - size
+            head, results = results[:room], results[room:]
+            pieces[-1].append(BatchCounts(item.batch_id, head, item.done and not results))
+            size += len(head)
+            if not results:
+                break
+            pieces.append([])
+            size = 0
+    return pieces

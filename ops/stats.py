@@ -158,7 +158,7 @@ def render(snap: Snapshot) -> str:
         f"latency  p50 {_edge(counters.latency_percentile_ms(totals, 0.5))}  "
         f"p95 {_edge(counters.latency_percentile_ms(totals, 0.95))}  "
         f"p99 {_edge(counters.latency_percentile_ms(totals, 0.99))}",
-        f"queue    {snap['queue_depth']} batches waiting",
+        f"queue    {snap['queue_depth']} announcements waiting",
         f"workers  {snap['workers_alive']} alive, {stale} stale",
     ]
     if snap["workers"]:

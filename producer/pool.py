@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 # How long one blocking read waits before the leases are looked at again.
 POLL_BLOCK_S = 1.0
+# While results are streaming in, wait this long after a read so the next one takes
+# several (one BLMPOP per result would be a Redis command per snippet).
+COLLECT_LINGER_S = 0.008
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
 NO_WORKER_MESSAGE = (
     "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
@@ -217,6 +220,7 @@ class Batch:
         self.limits = limits
         self.deadline_s = deadline_s if deadline_s is not None else self.default_deadline_s()
         self.submitted = time.monotonic()
+        self.duplicates = 0  # done-list entries for an index already seen (should stay 0)
         self._results: dict[int, ExecResult] = {}
 
     def __len__(self) -> int:
@@ -261,7 +265,8 @@ class Batch:
                 # Redis restarting: wait a little and try again until the deadline.
                 time.sleep(min(0.5, max(0.0, end - time.monotonic())))
                 continue
-            for entry in popped[1] if popped else ():
+            entries = popped[1] if popped else []
+            for entry in entries:
                 index, result = codec.decode_done_entry(cast(bytes, entry))
                 if index == WHOLE_BATCH:  # the worker could not use the batch at all
                     for missing in range(self.size):
@@ -270,11 +275,17 @@ class Batch:
                             yield missing, result
                     return
                 if index in self._results or not 0 <= index < self.size:
+                    self.duplicates += 1
+                    log.warning(
+                        "batch %s: done-list entry %d seen twice or out of range", self.id, index
+                    )
                     continue
                 # latency as the caller sees it: from submit to collection.
                 result = result.replace(latency=time.monotonic() - self.submitted)
                 self._results[index] = result
                 yield index, result
+            if entries and len(self._results) < self.size:
+                time.sleep(COLLECT_LINGER_S)
         for index in range(self.size):
             if index not in self._results:
                 self._results[index] = infra(message)

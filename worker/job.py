@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -28,6 +27,7 @@ from codepool.common import codec
 from codepool.common.errors import CodepoolError, WireError
 from codepool.common.ledger import claim_script, parse_indices
 from codepool.common.limits import Limits
+from codepool.common.queueing import announce, batch_queue
 from codepool.common.result import ExecResult, rejected
 from codepool.common.settings import Settings
 from codepool.common.wire import (
@@ -120,6 +120,7 @@ class BatchRunner:
         self.writer = writer
         self.lease = lease
         self.window = max(1, window)
+        self.queue = batch_queue(conn, settings)
 
     def prestart(self, job: Job) -> BatchExecution | None:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
@@ -144,6 +145,16 @@ class BatchRunner:
                 self.reject_batch(batch_id, f"rejected: malformed batch: {exc}")
                 return {"batch": batch_id, "rejected": "whole batch"}
         return execution.finish()
+
+    def expire_batch(self, batch_id: str) -> None:
+        """(Re)set the TTL of what this dispatcher wrote of a batch, after its last
+        write: the producer may have drained the done list, which a later push makes
+        anew without a TTL."""
+        ttl_s = self.settings.batch_ttl_s
+        with self.conn.pipeline(transaction=False) as pipe:
+            pipe.expire(self.keys.batch_results(batch_id), ttl_s)
+            pipe.expire(self.keys.batch_done(batch_id), ttl_s)
+            pipe.execute()
 
     def reject_batch(self, batch_id: str, message: str) -> None:
         """Tell the producer at once that none of this batch will run."""
@@ -177,19 +188,14 @@ class BatchExecution:
         self.in_flight = 0  # submitted and not yet written (job thread's count)
         self.ran = 0
         self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._outstanding = 0  # submitted and not yet written (writer's count)
-        self._ttl_set = False
+        self._ttl_set = False  # the writer thread's flag
 
     # -- called by the writer thread ------------------------------------------------
 
-    def needs_ttl(self, count: int) -> bool:
-        """Account ``count`` results about to be written; True if this write should
-        (re)set the batch's TTLs: its first write, or nothing is left in flight."""
-        with self._lock:
-            self._outstanding -= count
-            first, self._ttl_set = not self._ttl_set, True
-            return first or self._outstanding == 0
+    def first_write(self) -> bool:
+        """True once: the write that sets the results hash's TTL."""
+        first, self._ttl_set = not self._ttl_set, True
+        return first
 
     def written(self, count: int) -> None:
         self._notes.put(count)
@@ -209,7 +215,6 @@ class BatchExecution:
             runner.conn,
             [
                 keys.batch_state(self.batch_id),
-                keys.batch_claims(self.batch_id),
                 keys.batch_retry(self.batch_id),
                 keys.leases(),
                 keys.owner_batches(runner.lease.owner),
@@ -221,12 +226,15 @@ class BatchExecution:
                 MAX_CLAIM,
                 runner.lease.live,
                 "1" if first else "0",
-                runner.settings.batch_ttl_s,
             ],
         )
         status = reply[0]
         if status == -2:
             self.lost = self.drained = True
+            if first:
+                # Fenced before it could join: pass the announcement on, so a batch whose
+                # only announcement this was still gets a dispatcher.
+                announce(runner.queue, runner.settings, batch_id=self.batch_id, size=1)
             return
         if status == -1:
             log.info(
@@ -277,8 +285,6 @@ class BatchExecution:
     def _start(self, index: int) -> None:
         runner, batch = self.runner, self.batch
         assert batch is not None
-        with self._lock:
-            self._outstanding += 1
         self.in_flight += 1
         code = batch.codes[index]
         if self.oversize:
@@ -335,4 +341,6 @@ class BatchExecution:
                     self.batch_id,
                 )
             runner.stats.batch_done(self.batch_id, self.run)
+        if self.ran:
+            runner.expire_batch(self.batch_id)
         return {"batch": self.batch_id, "ran": self.ran}

@@ -16,7 +16,7 @@ import redis
 
 from codepool.common.keys import Keys
 from codepool.common.result import ExecResult
-from codepool.common.tally import count_hashes, count_results
+from codepool.common.tally import BatchCounts, count_hashes, count_results
 
 log = logging.getLogger(__name__)
 
@@ -66,30 +66,33 @@ class StatsBuffer:
             self._pending.setdefault(batch_id, _Pending(run)).done = True
 
     def flush(self) -> bool:
-        """Send pending counts; returns False (and keeps what failed) if Redis failed."""
+        """Send pending counts, one script call per run tag; returns False (and keeps
+        what failed) if Redis failed."""
         with self._lock:
             pending, self._pending = self._pending, {}
-        ok = True
+        by_run: dict[str, list[BatchCounts]] = {}
         for batch_id, item in pending.items():
+            by_run.setdefault(item.run, []).append(BatchCounts(batch_id, item.results, item.done))
+        ok = True
+        for run, batches in by_run.items():
             try:
                 count_results(
                     self._conn,
                     self._keys,
-                    batch_id=batch_id,
                     owner=self._owner,
-                    hashes=count_hashes(self._keys, self._worker, item.run),
-                    results=item.results,
+                    hashes=count_hashes(self._keys, self._worker, run),
+                    batches=batches,
                     batch_ttl_s=self._batch_ttl_s,
                     minute_ttl_s=self._minute_ttl_s,
-                    done=item.done,
                 )
             except redis.RedisError as exc:
                 ok = False
-                log.warning("stats flush for batch %s failed, keeping it: %s", batch_id, exc)
+                log.warning("stats flush of %d batches failed, keeping it: %s", len(batches), exc)
                 with self._lock:
-                    merged = self._pending.setdefault(batch_id, _Pending(item.run))
-                    merged.results[:0] = item.results
-                    merged.done = merged.done or item.done
+                    for item in batches:
+                        merged = self._pending.setdefault(item.batch_id, _Pending(run))
+                        merged.results[:0] = item.results
+                        merged.done = merged.done or item.done
         return ok
 
     def start(self) -> None:

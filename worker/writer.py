@@ -85,11 +85,8 @@ class ResultWriter:
             groups: defaultdict[BatchExecution, list[tuple[int, ExecResult]]] = defaultdict(list)
             for execution, index, result in items:
                 groups[execution].append((index, result))
-            # Decided once per group, so a retried write does not count twice.
-            ttls = {
-                execution: execution.needs_ttl(len(results))
-                for execution, results in groups.items()
-            }
+            # Decided once per group, so a retried write sets it too.
+            ttls = {execution: execution.first_write() for execution in groups}
             self._write_with_retry(groups, ttls)
 
     def _write_with_retry(self, groups: _Groups, ttls: dict[BatchExecution, bool]) -> None:
@@ -130,10 +127,9 @@ class ResultWriter:
                     entry = codec.encode_done_entry(index, blob)
                     write_script.queue(pipe, [results_key, done_key], [index, blob, entry])
                 if ttls[execution]:
-                    # With the first write, and whenever the batch has nothing left in
-                    # flight: the producer may have drained (deleted) the done list.
+                    # The done list gets its TTL when the execution ends (the producer
+                    # drains it meanwhile, and a drained list is gone, TTL and all).
                     pipe.expire(results_key, self.batch_ttl_s)
-                    pipe.expire(done_key, self.batch_ttl_s)
             try:
                 replies = pipe.execute()
             except redis.exceptions.NoScriptError:
@@ -155,5 +151,5 @@ class ResultWriter:
                     late,
                 )
             if ttls[execution]:
-                position += 2
+                position += 1
             execution.written(len(results))

@@ -19,7 +19,7 @@ from codepool.common.ledger import (
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult
 from codepool.common.settings import Settings
-from codepool.common.tally import count_hashes, count_results
+from codepool.common.tally import BatchCounts, count_hashes, count_results
 from codepool.common.wire import BatchJob, new_batch_id
 
 
@@ -47,12 +47,11 @@ def _claim(
         conn,
         [
             keys.batch_state(batch_id),
-            keys.batch_claims(batch_id),
             keys.batch_retry(batch_id),
             keys.leases(),
             keys.owner_batches(owner),
         ],
-        [owner, batch_id, room, 64, live, "1", settings.batch_ttl_s],
+        [owner, batch_id, room, 64, live, "1"],
     )
     if reply[0] == -2:
         return None
@@ -66,7 +65,8 @@ def _beat(conn: redis.Redis, settings: Settings, owner: str) -> list[int | list[
 def _write(conn: redis.Redis, settings: Settings, batch_id: str, index: int) -> int:
     blob = codec.encode_result(ExecResult(True, f"{index}\n", "", 0, False, 0.01))
     keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
-    return int(write_script(conn, keys, [index, blob, codec.encode_done_entry(index, blob)]))
+    entry = codec.encode_done_entry(index, blob)
+    return int(write_script(conn, keys, [index, blob, entry]))
 
 
 def test_claims_cover_every_index_once_and_shrink_as_the_batch_drains(redis_url: str) -> None:
@@ -150,11 +150,44 @@ def test_redis_side_counting_matches_the_python_counters_and_never_counts_twice(
     for _, result in results:
         expected.update(counters.count(result))
     hashes = count_hashes(settings.keys, "w1", "run1")
-    kwargs = dict(batch_id="b1", owner="w1.0", hashes=hashes, batch_ttl_s=60, minute_ttl_s=60)
-    assert count_results(conn, settings.keys, results=results[:4], **kwargs) == 4  # type: ignore[arg-type]
-    # A retried flush with the same results, plus new ones, adds only the new ones.
-    assert count_results(conn, settings.keys, results=results, **kwargs) == 2  # type: ignore[arg-type]
+
+    def count(*batches: BatchCounts) -> int:
+        return count_results(
+            conn,
+            settings.keys,
+            owner="w1.0",
+            hashes=hashes,
+            batches=batches,
+            batch_ttl_s=60,
+            minute_ttl_s=60,
+        )
+
+    assert count(BatchCounts("b1", results[:4])) == 4
+    # A retried flush with the same results, plus new ones (and another batch), adds
+    # only the new ones.
+    assert count(BatchCounts("b1", results), BatchCounts("b2", results[:1])) == 3
+    expected.update(counters.count(results[0][1]))
     for key in hashes:
         got = counters.parse(conn.hgetall(key))
         assert got == {field: value for field, value in expected.items() if value}, key
     assert 0 < conn.ttl(hashes[1]) <= 60  # the minute hash expires
+
+
+def test_a_large_flush_is_split_and_leaves_the_owners_set_once_done(redis_url: str) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    keys = settings.keys
+    conn.sadd(keys.owner_batches("w1.0"), "big")
+    result = ExecResult(True, "", "", 0, False, 0.01)
+    counted = count_results(
+        conn,
+        keys,
+        owner="w1.0",
+        hashes=count_hashes(keys, "w1", ""),
+        batches=[BatchCounts("big", [(i, result) for i in range(1234)], done=True)],
+        batch_ttl_s=60,
+        minute_ttl_s=60,
+    )
+    assert counted == 1234
+    assert counters.parse(conn.hgetall(keys.stats()))["calls"] == 1234
+    assert conn.smembers(keys.owner_batches("w1.0")) == set()

@@ -138,7 +138,7 @@ def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker)
         _scrape(running.port)
 
 
-def test_a_waiting_batch_shows_as_queue_depth(
+def test_a_waiting_announcement_shows_as_queue_depth(
     redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pool = CodePool(redis_url)
@@ -160,7 +160,7 @@ def test_a_waiting_batch_shows_as_queue_depth(
     assert stats.main(redis_url, None, watch=True, interval_s=0.1) == 0
     out = capsys.readouterr().out
     assert out.startswith(stats.CLEAR_SCREEN)
-    assert "1 batches waiting" in out and "0 alive, 0 stale" in out
+    assert "1 announcements waiting" in out and "0 alive, 0 stale" in out
 
 
 def test_unreachable_redis_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:

@@ -98,3 +98,14 @@ def test_batch_survives_a_zygote_kill(redis_url: str, start_worker: StartWorker)
     # In-flight snippets are re-run once by the executor; none is lost or doubled.
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
     assert worker.process.poll() is None
+
+
+def test_no_live_worker_at_all_is_said_as_such(redis_url: str) -> None:
+    """No dispatcher heartbeats: after ``no_worker_wait_s`` (default) the producer says so,
+    with its own message, long before the batch's deadline or the call's own limit."""
+    pool = CodePool(redis_url)
+    batch = pool.submit(["print(1)"] * 3, timeout_s=30.0)
+    assert batch.deadline_s > 120
+    results = batch.results(timeout_s=120)
+    assert [r.status for r in results] == ["infra"] * 3
+    assert "no live worker on queue 'codepool'" in results[0].stderr

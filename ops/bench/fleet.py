@@ -1,0 +1,226 @@
+"""Fleet benchmark: one pool over H worker hosts, each in a network namespace of its own.
+
+Sleep-based snippets, so the numbers measure spreading and recovery, not the CPU. Prints:
+time / ideal for one ``CodePool.submit`` batch and for a gather over
+``RemoteSandbox.arun_code`` (median of ``--repeat`` runs); seconds from a fault of the
+busiest host (kill -9 of its whole process tree, SIGSTOP, its link cut) to the batch's
+last result, with the producer's default settings; duplicate done-list entries; counters
+against snippets submitted; Redis commands and Redis CPU per snippet. A report, not a
+test: it exits 0 whatever the numbers say. Needs root (network namespaces).
+
+    python ops/bench/fleet.py [--hosts 3] [--slots 2] [--snippets 120] [--sleep 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from codepool.common import counters
+from codepool.common.keys import Keys
+from codepool.ops.netns import Fleet, netns_available
+from codepool.producer import CodePool, RemoteSandbox
+
+TARGET_RATIO = 1.3
+TARGET_RECOVERY_S = 20.0
+READY_TIMEOUT_S = 60.0
+COLLECT_TIMEOUT_S = 600.0
+STATS_SETTLE_S = 1.5
+
+
+@dataclass
+class Cost:
+    """What Redis spent: commands served and CPU seconds used (from INFO)."""
+
+    commands: int
+    cpu_s: float
+
+    @classmethod
+    def read(cls, conn: redis.Redis) -> Cost:
+        stats = conn.info("commandstats")
+        cpu = conn.info("cpu")
+        calls = sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_"))
+        used = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+        return cls(calls, used)
+
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(self.commands - other.commands, self.cpu_s - other.cpu_s)
+
+
+@dataclass
+class Run:
+    wall_s: float
+    cost: Cost
+    duplicates: int = 0
+    counted: int = 0
+    fault_to_end_s: float = 0.0
+    victim: str = ""
+
+
+class Bench:
+    def __init__(self, fleet: Fleet, args: argparse.Namespace, logs: Path) -> None:
+        self.fleet = fleet
+        self.args = args
+        self.logs = logs
+        self.url = fleet.redis_unix_url
+        self.conn = redis.Redis.from_url(self.url)
+        self.keys = Keys()
+        self.pool = CodePool(self.url)
+        self.code = f"import time\ntime.sleep({args.sleep})\nprint('done')"
+
+    @property
+    def ideal_s(self) -> float:
+        args = self.args
+        return args.snippets * args.sleep / (args.hosts * args.slots)
+
+    def start(self, index: int) -> None:
+        self.fleet.start_worker(
+            index,
+            name=f"h{index}",
+            log_path=self.logs / f"h{index}.log",
+            concurrency=self.args.slots,
+        )
+
+    def wait_live(self, index: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self._live(index) < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"host h{index} did not come up; see {self.logs}/h{index}.log")
+            time.sleep(0.05)
+
+    def _live(self, index: int) -> int:
+        now = float(self.conn.time()[0])
+        members = self.conn.zrangebyscore(self.keys.leases(), now - 5, "+inf")
+        return sum(m.decode().startswith(f"h{index}.") for m in members)
+
+    def counted(self) -> int:
+        return counters.parse(self.conn.hgetall(self.keys.stats())).get("calls", 0)
+
+    def submit_run(self, fault: Callable[[int], object] | None = None) -> Run:
+        n = self.args.snippets
+        counted_before = self.counted()
+        before = Cost.read(self.conn)
+        started = time.monotonic()
+        batch = self.pool.submit([self.code] * n, timeout_s=10.0)
+        per_host: Counter[str] = Counter()
+        faulted_at, victim = 0.0, ""
+        for done, (_, result) in enumerate(batch.as_completed(COLLECT_TIMEOUT_S), start=1):
+            per_host[result.worker] += 1
+            if fault is not None and done == n // 6:
+                victim = per_host.most_common(1)[0][0]
+                faulted_at = time.monotonic()
+                fault(int(victim[1:]))
+        wall_s = time.monotonic() - started
+        time.sleep(STATS_SETTLE_S)
+        run = Run(wall_s, Cost.read(self.conn) - before, batch.duplicates)
+        run.counted = self.counted() - counted_before
+        if fault is not None:
+            run.fault_to_end_s = started + wall_s - faulted_at
+            run.victim = victim
+        return run
+
+    def gather_run(self) -> Run:
+        n = self.args.snippets
+        before = Cost.read(self.conn)
+        sandbox = RemoteSandbox(self.url, timeout=10.0)
+
+        async def step() -> None:
+            await asyncio.gather(*(sandbox.arun_code(self.code) for _ in range(n)))
+
+        started = time.monotonic()
+        asyncio.run(step())
+        wall_s = time.monotonic() - started
+        sandbox.close()
+        time.sleep(STATS_SETTLE_S)
+        return Run(wall_s, Cost.read(self.conn) - before)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--snippets", type=int, default=120)
+    parser.add_argument("--sleep", type=float, default=0.2)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    reason = netns_available()
+    if reason is not None:
+        print(f"fleet bench needs network namespaces: {reason}", file=sys.stderr)
+        return 2
+    with (
+        tempfile.TemporaryDirectory(prefix="codepool-fleet-") as logs,
+        Fleet(hosts=args.hosts) as fleet,
+    ):
+        bench = Bench(fleet, args, Path(logs))
+        for index in range(args.hosts):
+            bench.start(index)
+        for index in range(args.hosts):
+            bench.wait_live(index)
+        bench.submit_run()  # warm-up: first forks, page cache, script loads
+        submits = [bench.submit_run() for _ in range(args.repeat)]
+        gathers = [bench.gather_run() for _ in range(args.repeat)]
+        faults: list[tuple[str, Run]] = []
+
+        def kill(index: int) -> None:
+            fleet.kill_host(index)
+
+        faults.append(("kill -9", bench.submit_run(kill)))
+        restart = int(faults[-1][1].victim[1:])
+        bench.start(restart)
+        bench.wait_live(restart)
+        faults.append(("SIGSTOP", bench.submit_run(fleet.freeze_host)))
+        frozen = int(faults[-1][1].victim[1:])
+        fleet.thaw_host(frozen)
+        bench.wait_live(frozen)
+        faults.append(("link cut", bench.submit_run(fleet.cut_link)))
+        cut = int(faults[-1][1].victim[1:])
+        fleet.restore_link(cut)
+        bench.wait_live(cut)
+        report(args, bench.ideal_s, submits, gathers, faults)
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    ideal_s: float,
+    submits: list[Run],
+    gathers: list[Run],
+    faults: list[tuple[str, Run]],
+) -> None:
+    n = args.snippets
+    print(
+        f"\nfleet: {args.hosts} hosts x {args.slots} slots, {n} snippets of sleep({args.sleep}); "
+        f"ideal {ideal_s:.2f} s; median of {args.repeat}"
+    )
+    print(f"{'workload':<26}{'time s':>9}{'/ ideal':>9}{'cmds/snip':>11}{'redis us/snip':>15}")
+    for name, runs in (("CodePool.submit batch", submits), (f"gather of {n} arun_code", gathers)):
+        wall = statistics.median(r.wall_s for r in runs)
+        cmds = statistics.median(r.cost.commands / n for r in runs)
+        cpu = statistics.median(r.cost.cpu_s * 1e6 / n for r in runs)
+        verdict = "ok" if wall / ideal_s <= TARGET_RATIO else f"over {TARGET_RATIO}x"
+        print(f"{name:<26}{wall:>9.2f}{wall / ideal_s:>8.2f}x{cmds:>11.1f}{cpu:>15.1f}   {verdict}")
+    header = f"{'batch s':>9}{'fault->end s':>14}{'dups':>6}{'counted':>9}"
+    print(f"\n{'fault of the busiest host':<26}{header}")
+    for name, run in faults:
+        verdict = (
+            "ok" if run.fault_to_end_s <= TARGET_RECOVERY_S else f"over {TARGET_RECOVERY_S:.0f} s"
+        )
+        exact = "ok" if run.counted == n and run.duplicates == 0 else "MISMATCH"
+        print(
+            f"{name + ' (' + run.victim + ')':<26}{run.wall_s:>9.2f}{run.fault_to_end_s:>14.2f}"
+            f"{run.duplicates:>6}{run.counted:>6}/{n}   {verdict}, {exact}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
