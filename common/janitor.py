@@ -105,19 +105,16 @@ class Janitor:
             ],
             [owner, "1" if graceful else "0", self.settings.batch_ttl_s],
         )
-        released, orphans, exhausted, run, fresh, reruns = (
-            int(reply[0]),
-            *reply[1:4],
-            int(reply[4]),
-            int(reply[5]),
-        )
+        released, fresh, reruns = int(reply[0]), int(reply[4]), int(reply[5])
+        orphans: list[int] = [int(i) for i in reply[1]]
+        exhausted: list[int] = [int(i) for i in reply[2]]
+        run = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
         if released < 0:
             return 0  # the batch is gone (expired)
-        run = run.decode() if isinstance(run, bytes) else str(run)
         if orphans:
-            self._count_orphans(batch_id, run, [int(i) for i in orphans])
+            self._count_orphans(batch_id, run, orphans)
         if exhausted:
-            self._give_up(batch_id, run, [int(i) for i in exhausted], runs=reruns + 1)
+            self._give_up(batch_id, run, exhausted, runs=reruns + 1)
         if released or (announce_anyway and fresh > 0):
             announce(
                 self.queue,

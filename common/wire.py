@@ -59,16 +59,8 @@ class BatchJob:
     @classmethod
     def decode(cls, data: Any) -> BatchJob:
         """Validate and decode; raise WireError saying what is wrong."""
-        if not isinstance(data, bytes):
-            raise WireError(f"batch payload must be bytes, got {type(data).__name__}")
-        record = codec.loads(data)
-        if not isinstance(record, dict):
-            raise WireError("batch payload is not a map")
-        if record.get("v") != SCHEMA_VERSION:
-            raise WireError(f"batch schema version {record.get('v')!r}, expected {SCHEMA_VERSION}")
-        batch_id, codes, run = record.get("batch_id"), record.get("codes"), record.get("run", "")
-        if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
-            raise WireError("batch_id must be 1-64 characters of [A-Za-z0-9_-]")
+        record, batch_id = _record(data, "batch payload")
+        codes, run = record.get("codes"), record.get("run", "")
         if not isinstance(codes, list):
             raise WireError("codes must be a list")
         if not isinstance(run, str) or len(run) > RUN_TAG_MAX_CHARS:
@@ -92,17 +84,22 @@ def encode_announcement(batch_id: str) -> bytes:
 
 def decode_announcement(data: Any) -> str:
     """The batch id an announcement names; WireError if it is not one."""
+    return _record(data, "announcement")[1]
+
+
+def _record(data: Any, what: str) -> tuple[dict[str, Any], str]:
+    """A versioned msgpack map naming a valid batch id, and that id."""
     if not isinstance(data, bytes):
-        raise WireError(f"announcement must be bytes, got {type(data).__name__}")
+        raise WireError(f"{what} must be bytes, got {type(data).__name__}")
     record = codec.loads(data)
     if not isinstance(record, dict):
-        raise WireError("announcement is not a map")
+        raise WireError(f"{what} is not a map")
     if record.get("v") != SCHEMA_VERSION:
-        raise WireError(f"schema version {record.get('v')!r}, expected {SCHEMA_VERSION}")
+        raise WireError(f"{what} schema version {record.get('v')!r}, expected {SCHEMA_VERSION}")
     batch_id = record.get("batch_id")
     if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
         raise WireError("batch_id must be 1-64 characters of [A-Za-z0-9_-]")
-    return batch_id
+    return record, batch_id
 
 
 def peek_batch_id(data: Any) -> str | None:

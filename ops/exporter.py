@@ -99,7 +99,9 @@ class PoolCollector(Collector):
             value=totals["queue_us"] / 1e6,
         )
         yield GaugeMetricFamily(
-            "codepool_queue_depth", "Batch announcements waiting in the RQ queue", value=snap["queue_depth"]
+            "codepool_queue_depth",
+            "Batch announcements waiting in the RQ queue",
+            value=snap["queue_depth"],
         )
         yield GaugeMetricFamily(
             "codepool_workers_alive",

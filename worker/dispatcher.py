@@ -1,5 +1,6 @@
-"""One dispatcher process of ``codepool worker``: an RQ worker that runs batch jobs in
-process (no fork per job) on the host's shared executor.
+"""One dispatcher process of ``codepool worker``: an RQ worker that joins announced
+batches in process (no fork per job) and runs its claims on the host's shared executor,
+holding a lease (worker/lease.py) while it lives.
 
 Run by the worker host as ``python -m codepool.worker.dispatcher`` with its JSON config
 on stdin.

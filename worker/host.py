@@ -3,10 +3,11 @@
 The host process owns the LocalExecutor (the zygote and its N slots) and starts K
 dispatchers, each an RQ SimpleWorker on the queue that attaches to the zygote's socket.
 A batch holding a straggler therefore keeps one slot, not the host: the other
-dispatchers go on taking batches. Signals: the first SIGTERM/SIGINT asks dispatchers to
-finish their in-flight snippets (the rest of a batch is re-enqueued) and exit; the
-second kills them at once. Dispatchers that die are restarted with fresh names, so a
-kill -9 never leaves a stale name to crash-loop on.
+dispatchers go on taking work. Signals: the first SIGTERM/SIGINT asks dispatchers to
+finish their in-flight snippets (what they claimed and never started is given back) and
+exit; the second kills them at once. Dispatchers that die, or stop because their lease
+was taken away, are restarted with fresh names, so a kill -9 never leaves a stale name to
+crash-loop on.
 """
 
 from __future__ import annotations

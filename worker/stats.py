@@ -71,8 +71,10 @@ class StatsBuffer:
         with self._lock:
             pending, self._pending = self._pending, {}
         by_run: dict[str, list[BatchCounts]] = {}
-        for batch_id, item in pending.items():
-            by_run.setdefault(item.run, []).append(BatchCounts(batch_id, item.results, item.done))
+        for batch_id, waiting in pending.items():
+            by_run.setdefault(waiting.run, []).append(
+                BatchCounts(batch_id, waiting.results, waiting.done)
+            )
         ok = True
         for run, batches in by_run.items():
             try:
@@ -89,10 +91,10 @@ class StatsBuffer:
                 ok = False
                 log.warning("stats flush of %d batches failed, keeping it: %s", len(batches), exc)
                 with self._lock:
-                    for item in batches:
-                        merged = self._pending.setdefault(item.batch_id, _Pending(run))
-                        merged.results[:0] = item.results
-                        merged.done = merged.done or item.done
+                    for failed in batches:
+                        merged = self._pending.setdefault(failed.batch_id, _Pending(run))
+                        merged.results[:0] = failed.results
+                        merged.done = merged.done or failed.done
         return ok
 
     def start(self) -> None:
