@@ -3,8 +3,9 @@
 Concurrent ``arun_code``/``run_code`` calls are coalesced: the first call of a burst
 waits ``linger_s`` for company, then up to ``max_batch`` calls go out as one batch, which
 every live host shares. So a rollout's ``asyncio.gather(*(sb.arun_code(c) for c in
-codes))`` becomes one or a few batches. Calls resolve concurrent futures from background threads, so the same
-sandbox works under a new ``asyncio.run`` per step, and from plain threads.
+codes))`` becomes one or a few batches. Calls resolve concurrent futures from background
+threads, so the same sandbox works under a new ``asyncio.run`` per step, and from plain
+threads.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
-"""How the executor configures its supervisor and zygote (JSON on their command line)."""
+"""How the executor configures its supervisor and zygote: JSON on their stdin (a pipe),
+never on a command line, which every local user can read."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 
 # Work dirs the supervisor makes itself when the host allows no mount namespace.
@@ -29,3 +33,23 @@ class ZygoteConfig:
     @classmethod
     def from_json(cls, text: str) -> ZygoteConfig:
         return cls(**json.loads(text))
+
+
+def send_config(process: subprocess.Popen[bytes], config: ZygoteConfig) -> None:
+    """Hand ``config`` to a just-started supervisor or zygote on its stdin pipe."""
+    assert process.stdin is not None
+    try:
+        process.stdin.write(config.to_json().encode())
+        process.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once; whoever waits for its hello will say so
+
+
+def read_config() -> ZygoteConfig:
+    """The config on stdin; stdin is then /dev/null, so nothing started later inherits
+    the pipe."""
+    config = ZygoteConfig.from_json(sys.stdin.read())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return config

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.limits import Limits
 from codepool.worker.client import ZygoteClient
-from codepool.worker.config import ZygoteConfig
+from codepool.worker.config import ZygoteConfig, send_config
 from codepool.worker.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
@@ -128,18 +128,14 @@ class LocalExecutor(ZygoteClient):
         env = dict(self._env)
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = [
-            sys.executable,
-            "-P",
-            "-B",
-            "-m",
-            "codepool.worker.supervisor",
-            self._config.to_json(),
-        ]
+        argv = [sys.executable, "-P", "-B", "-m", "codepool.worker.supervisor"]
         try:
+            # The config (the snippet environment included) goes on a pipe: every local
+            # user can read a command line.
             self._process = subprocess.Popen(
-                argv, pass_fds=fds, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+                argv, pass_fds=fds, env=env, stdin=subprocess.PIPE, start_new_session=True
             )
+            send_config(self._process, self._config)
         finally:
             theirs.close()
         ours.settimeout(self.start_timeout_s)

@@ -35,7 +35,7 @@ from codepool.common.observation import decode_tail
 from codepool.common.result import infra, rejected
 from codepool.worker import isolation
 from codepool.worker.child import READY
-from codepool.worker.config import FALLBACK_PREFIX, ZygoteConfig
+from codepool.worker.config import FALLBACK_PREFIX, ZygoteConfig, read_config, send_config
 from codepool.worker.protocol import FrameReader, encode_frame
 from codepool.worker.reaping import wait_or_kill
 
@@ -426,10 +426,11 @@ def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     zygote_config = dataclasses.replace(config, owner_fd=theirs.fileno(), listen_fd=-1)
     process = subprocess.Popen(
-        [sys.executable, "-P", "-B", "-m", "codepool.worker.zygote", zygote_config.to_json()],
+        [sys.executable, "-P", "-B", "-m", "codepool.worker.zygote"],
         pass_fds=[theirs.fileno()],
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
     )
+    send_config(process, zygote_config)
     theirs.close()
     ours.settimeout(timeout_s)
     try:
@@ -446,7 +447,7 @@ def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle
 
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s supervisor %(message)s")
-    config = ZygoteConfig.from_json(argv[1])
+    config = read_config()
     owner = socket.socket(fileno=config.owner_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -23,7 +23,7 @@ import sys
 from codepool.common import codec
 from codepool.worker import isolation, linux, runner
 from codepool.worker.child import ChildPlan, child_main
-from codepool.worker.config import ZygoteConfig
+from codepool.worker.config import ZygoteConfig, read_config
 from codepool.worker.warmup import warm_up
 
 CLONE_PARENT = 0x00008000
@@ -131,7 +131,7 @@ def _preload(names: list[str]) -> list[dict[str, object]]:
 
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s zygote %(message)s")
-    config = ZygoteConfig.from_json(argv[1])
+    config = read_config()
     control = socket.socket(fileno=config.owner_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
