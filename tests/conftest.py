@@ -73,8 +73,9 @@ def waiting_children(executor: LocalExecutor) -> list[int]:
         return [int(child) for child in f.read().split() if int(child) != executor.zygote_pid]
 
 
-def files_of(uids: range) -> list[str]:
-    """Entries in the host's temp dirs owned by ``uids`` or left by the executor."""
+def files_of(uids: range, supervisor_pid: int) -> list[str]:
+    """Entries in the host's temp dirs owned by ``uids`` or left by that supervisor (not
+    by other executors, whatever they left)."""
     found = []
     for root in VOLATILE_DIRS:
         for name in os.listdir(root):
@@ -83,7 +84,7 @@ def files_of(uids: range) -> list[str]:
                 owner = os.lstat(path).st_uid
             except FileNotFoundError:
                 continue
-            if owner in uids or name.startswith(FALLBACK_PREFIX):
+            if owner in uids or name.startswith(f"{FALLBACK_PREFIX}{supervisor_pid}-"):
                 found.append(path)
     return found
 
@@ -94,7 +95,7 @@ def assert_nothing_left(executor: LocalExecutor) -> None:
     # Between snippets the only children left are the (at most two) waiting for the next.
     assert len(waiting_children(executor)) <= 2
     assert processes_of(executor.snippet_uids, except_children_of=executor.supervisor_pid) == []
-    assert files_of(executor.snippet_uids) == []
+    assert files_of(executor.snippet_uids, executor.supervisor_pid) == []
 
 
 # -- Redis and worker processes (integration tests) ------------------------------------

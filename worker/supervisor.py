@@ -41,6 +41,9 @@ from codepool.worker.reaping import wait_or_kill
 
 log = logging.getLogger("codepool.worker.supervisor")
 
+# Snippet uids each supervisor may use: uid_base is spaced by this much per supervisor pid.
+UID_BLOCK = 64
+
 BYTES_PER_CHAR = 4
 
 
@@ -90,10 +93,16 @@ class Supervisor:
         self.queue: collections.deque[Request] = collections.deque()
         self.running: dict[int, Child] = {}
         self.warm_children: collections.deque[Child] = collections.deque()
-        # One uid per slot: running ones plus the (up to two) waiting ones.
-        self.free_slots = list(range(config.concurrency + 2))
-        base = config.uid_base or 200_000 + (os.getpid() % 100_000) * 64
-        self.uid_base = base
+        # One uid per slot: running ones plus the (up to two) waiting ones. Without a PID
+        # namespace, what a snippet leaves (killed, but not yet reaped by init) still counts
+        # against its uid's process limit: there the uids rotate through a whole block, so
+        # a fork bomb's remains are long gone when its uid comes round again.
+        slots = config.concurrency + 2
+        if not self.state.pidns and self.state.separate_uid:
+            slots = max(slots, UID_BLOCK)
+        self.free_slots = collections.deque(range(slots))
+        self.uid_slots = slots
+        self.uid_base = config.uid_base or 200_000 + (os.getpid() % 100_000) * UID_BLOCK
         self.cloning: collections.deque[Child] = collections.deque()  # asked, no pid yet
         self.stopping = False
         # Cleared when a waiting child dies during setup, so a host that refuses our
@@ -112,8 +121,7 @@ class Supervisor:
         sock.setblocking(True)
         client = Client(sock, owner)
         self.selector.register(sock, selectors.EVENT_READ, ("client", client))
-        slots = self.config.concurrency + 2
-        uids = [self.uid_base, self.uid_base + slots] if self.state.separate_uid else None
+        uids = [self.uid_base, self.uid_base + self.uid_slots] if self.state.separate_uid else None
         self._send(
             client,
             {
@@ -203,11 +211,11 @@ class Supervisor:
 
     def _request_clone(self) -> None:
         """Ask the zygote for one more waiting child; it arrives in _on_zygote."""
-        slot = self.free_slots.pop()
+        slot = self.free_slots.popleft()
         uid = self.uid_base + slot if self.state.separate_uid else None
         fallback_dir = None
         if not self.state.pidns:
-            fallback_dir = tempfile.mkdtemp(prefix=FALLBACK_PREFIX)
+            fallback_dir = tempfile.mkdtemp(prefix=f"{FALLBACK_PREFIX}{os.getpid()}-")
             if uid is not None:
                 os.chown(fallback_dir, uid, uid)
         parent_sock, child_sock = socket.socketpair()
@@ -339,6 +347,31 @@ class Supervisor:
             except ChildProcessError:
                 pass
             self._clean_up_after(child)
+        for child in self.cloning:  # asked for, never arrived: only its dir exists
+            if child.fallback_dir is not None:
+                shutil.rmtree(child.fallback_dir, ignore_errors=True)
+
+
+def sweep_stale_dirs() -> int:
+    """Remove the fallback work dirs of supervisors that are gone (killed, say), found by
+    the pid in their name; returns how many were removed."""
+    removed = 0
+    for entry in os.scandir(tempfile.gettempdir()):
+        if not entry.name.startswith(FALLBACK_PREFIX):
+            continue
+        owner = entry.name[len(FALLBACK_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not _is_supervisor(int(owner)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _is_supervisor(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"codepool.worker.supervisor" in f.read()
+    except OSError:
+        return False
 
 
 def _kill(pid: int, *, group: bool) -> None:
@@ -452,6 +485,8 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     zygote = start_zygote(config)
+    if not zygote.state.pidns:
+        sweep_stale_dirs()
     try:
         Supervisor(config, zygote, owner).serve()
     finally:

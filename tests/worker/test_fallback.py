@@ -4,9 +4,12 @@ still runs snippets, still cleans up after them as root, and says what is missin
 from __future__ import annotations
 
 import os
+import signal
+import tempfile
 import time
 
 from codepool.worker import LocalExecutor
+from codepool.worker.config import FALLBACK_PREFIX
 from tests.conftest import processes_of
 
 
@@ -45,3 +48,65 @@ def test_fallback_runs_and_cleans_up() -> None:
             time.sleep(0.05)
         assert not os.path.exists(marker)
         assert not os.path.exists(workdir)
+
+
+FORK_BOMB = (
+    "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+)
+FORK_AND_THREAD = (
+    "import os, threading\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os._exit(0)\n"
+    "os.waitpid(pid, 0)\n"
+    "t = threading.Thread(target=print, args=('thread',))\n"
+    "t.start()\n"
+    "t.join()"
+)
+
+
+def _work_dirs(supervisor_pid: int) -> list[str]:
+    prefix = f"{FALLBACK_PREFIX}{supervisor_pid}-"
+    return [e.path for e in os.scandir(tempfile.gettempdir()) if e.name.startswith(prefix)]
+
+
+def test_a_fork_bomb_never_reaches_the_next_snippet() -> None:
+    with LocalExecutor(concurrency=1, preload=(), namespaces=False) as ex:
+        for _ in range(2):
+            assert ex.run(FORK_BOMB, timeout_s=2.0).status in ("timeout", "error")
+            # Every slot's uid in turn: none may still count the bomb's processes.
+            for _ in range(4):
+                r = ex.run(FORK_AND_THREAD)
+                assert (r.status, r.stdout) == ("ok", "thread\n"), r.stderr
+
+
+def test_nothing_is_left_in_tmp_after_close_or_after_a_crash() -> None:
+    with LocalExecutor(concurrency=2, preload=(), namespaces=False) as ex:
+        assert ex.run("print(1)").ok
+        pid = ex.supervisor_pid
+        assert _work_dirs(pid)  # the waiting children's dirs, so the check below can fail
+    assert _work_dirs(pid) == []
+    # A supervisor killed -9 leaves its waiting children's dirs; the next one sweeps them.
+    crashed = LocalExecutor(concurrency=2, preload=(), namespaces=False)
+    try:
+        assert crashed.run("print(1)").ok
+        dead = crashed.supervisor_pid
+        os.kill(dead, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{dead}") and _is_running(dead):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _work_dirs(dead)
+        with LocalExecutor(concurrency=1, preload=(), namespaces=False) as fresh:
+            assert fresh.run("print(1)").ok
+            assert _work_dirs(dead) == []
+    finally:
+        crashed.close()
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
