@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from typing import Any
 
 from codepool.worker import LocalExecutor
 
 # Probes run inside a real snippet, so the report is what a snippet actually meets.
+# Network probes dial listeners doctor itself opens on the host ({port}, {abstract}), so
+# an offline host cannot pass them by accident.
 PROBES: list[tuple[str, str, str]] = [
     (
         "probe: network",
-        "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), 1)"
+        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 1)"
         "\n    print('reachable')\nexcept OSError:\n    print('unreachable')",
         "unreachable",
+    ),
+    (
+        "probe: abstract socket",
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({abstract!r})"
+        "\n    print('reachable')\nexcept OSError:\n    print('unreachable')",
+        "unreachable",
+    ),
+    (
+        "probe: host files",
+        "try:\n    open('/etc/hostname').read()\n    print('readable')\n"
+        "except OSError:\n    print('hidden')",
+        "hidden",
     ),
     ("probe: parent", "import os\nprint('hidden' if os.getppid() == 0 else 'visible')", "hidden"),
     (
@@ -32,10 +49,19 @@ PROBES: list[tuple[str, str, str]] = [
 def diagnose(mode: str = "fork", preload: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Start an executor, collect the zygote's report and run the probes."""
     lines: list[dict[str, Any]] = []
-    with LocalExecutor(concurrency=1, mode=mode, preload=preload) as executor:
+    with contextlib.ExitStack() as stack:
+        tcp = stack.enter_context(socket.socket())
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        unix = stack.enter_context(socket.socket(socket.AF_UNIX))
+        abstract = f"\0codepool-doctor-{os.getpid()}"
+        unix.bind(abstract)
+        unix.listen()
+        values = {"port": tcp.getsockname()[1], "abstract": abstract}
+        executor = stack.enter_context(LocalExecutor(concurrency=1, mode=mode, preload=preload))
         lines.extend(executor.report)
         for name, code, expected in PROBES:
-            result = executor.run(code, timeout_s=10.0)
+            result = executor.run(code.format(**values), timeout_s=10.0)
             seen = result.stdout.strip() or f"{result.status}: {result.stderr.strip()[-200:]}"
             lines.append({"name": name, "active": seen == expected, "detail": seen})
     return lines

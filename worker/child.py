@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from codepool.common import codec
 from codepool.common.limits import Limits
-from codepool.worker import isolation, linux, runner
+from codepool.worker import isolation, landlock, linux, runner, seccomp
 from codepool.worker.protocol import FrameReader
 
 REQUEST_FD = 3
@@ -41,6 +41,8 @@ class ChildPlan:
     vm_baseline_bytes: int
     fallback_dir: str | None
     fresh: runner.Fresh | None  # fork mode: made once in the zygote
+    guard: landlock.Plan  # the second layer, whatever the namespaces: files, TCP, scope
+    syscalls: seccomp.Filter  # and its syscall half
 
 
 def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> NoReturn:
@@ -48,19 +50,21 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         # fds first, so a setup failure lands in the snippet's stderr for the zygote to read.
-        _arrange_fds(request_fd, out_fd, err_fd)
+        _arrange_fds(request_fd, out_fd, err_fd, keep=plan.guard.fd_range)
         cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
         # Everything that does not depend on the request is done before it arrives, so
         # the request pays only for its limits. Once unprivileged, limits can only go down.
         if plan.uid is not None:
             _drop_privileges(plan.uid)
         _reseed()
-        if os.environ != plan.env:  # the zygote was normally started with exactly this
+        env = plan.env if plan.state.pidns else {**plan.env, "HOME": cwd, "TMPDIR": cwd}
+        if os.environ != env:  # the zygote was normally started with exactly this
             os.environ.clear()
-            os.environ.update(plan.env)
+            os.environ.update(env)
         os.chdir(cwd)
         if plan.fresh is not None:
             runner.prepare(plan.fresh)
+        _restrict(plan, cwd)
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)
@@ -68,7 +72,7 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         _apply_limits(limits, plan.vm_baseline_bytes, separate_uid=plan.uid is not None)
         os.write(REQUEST_FD, READY)
         if plan.mode == "spawn":
-            _exec_interpreter(code, limits.auto_print, plan.env)
+            _exec_interpreter(code, limits.auto_print, env)
         os.close(REQUEST_FD)
     except BaseException:
         try:
@@ -78,7 +82,19 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
     runner.run_snippet(code, auto_print=limits.auto_print)
 
 
-def _arrange_fds(request_fd: int, out_fd: int, err_fd: int) -> None:
+def _restrict(plan: ChildPlan, cwd: str) -> None:
+    """The second layer: Landlock, then seccomp. With a PID namespace the child's own
+    mounts (tmpfs roots and /proc) are named here: the zygote's fds name what they
+    cover."""
+    linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
+    if plan.state.pidns:
+        landlock.restrict(plan.guard, [*isolation.VOLATILE_ROOTS, "/dev/null"], ("/proc",))
+    else:
+        landlock.restrict(plan.guard, [cwd, "/dev/null"])
+    plan.syscalls.install()
+
+
+def _arrange_fds(request_fd: int, out_fd: int, err_fd: int, *, keep: range) -> None:
     # Move our fds out of the way first so the dup2s below cannot clobber each other.
     high = [os.dup(fd) for fd in (request_fd, out_fd, err_fd)]
     devnull = os.open("/dev/null", os.O_RDONLY)
@@ -86,8 +102,12 @@ def _arrange_fds(request_fd: int, out_fd: int, err_fd: int) -> None:
     os.dup2(high[1], 1)
     os.dup2(high[2], 2)
     os.dup2(high[0], REQUEST_FD)
-    # Nothing of the zygote's (client sockets, other children's files) stays reachable.
-    os.closerange(REQUEST_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    # Nothing of the zygote's (client sockets, other children's files) stays reachable;
+    # the Landlock layer's fds (``keep``) are closed when it is in place.
+    top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    os.closerange(REQUEST_FD + 1, keep.start if keep else top)
+    if keep:
+        os.closerange(keep.stop, top)
 
 
 def _read_request() -> tuple[bytes, Limits] | None:

@@ -24,6 +24,7 @@ class ZygoteConfig:
     disk_mb: int = 64
     env: dict[str, str] = field(default_factory=dict)
     namespaces: bool = True
+    landlock: bool = True  # the second layer; off only to measure what it costs
     owner_fd: int = -1
     listen_fd: int = -1  # optional: more clients (the worker's dispatchers) connect here
 

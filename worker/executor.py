@@ -70,6 +70,9 @@ class LocalExecutor(ZygoteClient):
     uid_base: first uid of the per-slot snippet uids (root only).
     namespaces: use Linux namespaces where the host allows (False forces the fallback:
         rlimits, separate uids when root, kill and clean-up per snippet; see doctor).
+    landlock: the second isolation layer in every child (Landlock: files, TCP, signal
+        and abstract-socket scope; seccomp: socket families and dangerous syscalls);
+        turn it off only to measure what it costs.
     listen_path: also accept other clients (AttachedExecutor) on this Unix socket.
     """
 
@@ -86,6 +89,7 @@ class LocalExecutor(ZygoteClient):
         disk_mb: int = 64,
         uid_base: int | None = None,
         namespaces: bool = True,
+        landlock: bool = True,
         listen_path: str | None = None,
         name: str | None = None,
         start_timeout_s: float = 120.0,
@@ -107,6 +111,7 @@ class LocalExecutor(ZygoteClient):
             disk_mb=disk_mb,
             env=self._env,
             namespaces=namespaces,
+            landlock=landlock,
         )
         self._process: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None

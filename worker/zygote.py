@@ -21,7 +21,7 @@ import socket
 import sys
 
 from codepool.common import codec
-from codepool.worker import isolation, linux, runner
+from codepool.worker import isolation, landlock, linux, runner, seccomp
 from codepool.worker.child import ChildPlan, child_main
 from codepool.worker.config import ZygoteConfig, read_config
 from codepool.worker.warmup import warm_up
@@ -46,6 +46,15 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             }
         )
     state = isolation.setup_zygote(namespaces=config.namespaces)
+    if config.landlock:
+        guard = landlock.plan(isolation.needed_paths())
+        state.note("landlock", *guard.describe())
+        syscalls = seccomp.build(group_calls=not state.pidns)
+        state.note("seccomp", syscalls.program is not None, syscalls.detail)
+    else:
+        guard, syscalls = landlock.Plan(0, ()), seccomp.Filter(None, None, "disabled")
+        state.note("landlock", False, "disabled by configuration (landlock=False)")
+        state.note("seccomp", False, "disabled by configuration (landlock=False)")
     report += state.report()
     threads = len(os.listdir("/proc/self/task"))
     report.append(
@@ -87,6 +96,8 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             vm_baseline_bytes,
             request["fallback_dir"],
             fresh,
+            guard,
+            syscalls,
         )
         pid = linux.fork_with_flags(flags)
         if pid == 0:

@@ -16,6 +16,7 @@ import os
 import platform
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
-from typing import IO, Protocol, Self
+from typing import IO, Any, Protocol, Self
 
 from codepool.common import ExecResult
 
@@ -321,6 +322,48 @@ def print_targets(results: Results) -> None:
         print(f"  {verdict}  {label}: {lone.p50_ms:.2f} ms")
 
 
+LAYER_TARGET_MS = 0.3
+LAYER_SNIPPETS = 300
+
+
+def tree_cpu_s(executor: Any) -> float:
+    """CPU seconds of an executor's supervisor and zygote, and of every child the
+    supervisor reaped (children are the supervisor's: the zygote clones with
+    CLONE_PARENT)."""
+    total = 0.0
+    for pid, fields in ((executor.supervisor_pid, 4), (executor.zygote_pid, 2)):
+        with open(f"/proc/{pid}/stat") as f:
+            values = f.read().rsplit(")", 1)[1].split()
+        # utime stime cutime cstime are fields 14-17: 11-14 after the command.
+        total += sum(int(v) for v in values[11 : 11 + fields])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def print_layer_cost(concurrency: int) -> None:
+    """CPU per print snippet of the whole executor tree, with and without the second
+    layer (Landlock and seccomp), alternating three pairs; the median difference is its cost."""
+    from codepool.worker import LocalExecutor
+
+    codes = [PRINT_CODE] * LAYER_SNIPPETS
+    per_snippet: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(3):
+        for layer in (True, False):
+            with LocalExecutor(concurrency=concurrency, preload=(), landlock=layer) as ex:
+                ex.run_many(codes[:20], timeout_s=5.0)
+                before = tree_cpu_s(ex)
+                ex.run_many(codes, timeout_s=5.0)
+                per_snippet[layer].append((tree_cpu_s(ex) - before) / len(codes) * 1000)
+    on, off = statistics.median(per_snippet[True]), statistics.median(per_snippet[False])
+    pairs = [a - b for a, b in zip(per_snippet[True], per_snippet[False], strict=True)]
+    cost = statistics.median(pairs)
+    verdict = "PASS" if cost < LAYER_TARGET_MS else "FAIL"
+    print(
+        f"\nsecond layer (Landlock + seccomp) on print(2 + 3) x{LAYER_SNIPPETS}, no preload, "
+        f"CPU of the whole executor tree per snippet: {on:.2f} ms with, {off:.2f} ms without"
+    )
+    print(f"  {verdict}  second layer costs < {LAYER_TARGET_MS} ms CPU per snippet: {cost:.3f} ms")
+
+
 def interpreter_startup_ms(samples: int = 5) -> float:
     """Median wall time of a bare ``python -B -c pass``: the floor under every reference call."""
     times = []
@@ -388,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print_table(workloads, args.modes, results)
         print_targets(results)
+    if "fork" in args.modes and not crashed:
+        print_layer_cost(args.concurrency)
     if crashed:
         print(f"\nexecutor(s) crashed: {', '.join(crashed)}")
     return 1 if crashed else 0

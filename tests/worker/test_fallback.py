@@ -3,8 +3,10 @@ still runs snippets, still cleans up after them as root, and says what is missin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import tempfile
 import time
 
@@ -32,7 +34,11 @@ def test_fallback_runs_and_cleans_up() -> None:
         marker = f"/tmp/codepool-fallback-{os.getpid()}"
         daemon = (
             "import os, subprocess, time\n"
-            f"open({marker!r}, 'w').write('x')\n"
+            "try:\n"
+            f"    open({marker!r}, 'w').write('x')\n"
+            "except PermissionError:\n"
+            "    print('refused')\n"
+            "open(os.path.join(os.environ['TMPDIR'], 'x'), 'w').write('x')\n"  # its work dir
             "subprocess.Popen(['sleep', '1000'])\n"
             "if os.fork() == 0:\n"
             "    os.setsid()\n"
@@ -41,7 +47,10 @@ def test_fallback_runs_and_cleans_up() -> None:
         )
         r = ex.run(daemon)
         assert r.ok, r.stderr
-        workdir = r.stdout.strip()
+        refused, workdir = r.stdout.split()
+        # The host's /tmp is shared without a mount namespace: Landlock keeps the
+        # snippet's writes inside its own work dir.
+        assert refused == "refused"
         deadline = time.monotonic() + 5
         while processes_of(ex.snippet_uids, except_children_of=ex.supervisor_pid):
             assert time.monotonic() < deadline, "snippet processes outlived it"
@@ -110,3 +119,40 @@ def _is_running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_second_layer_holds_without_namespaces() -> None:
+    """No network namespace, no mount namespace: Landlock and seccomp still keep the
+    snippet off the host's sockets and files and inside its process group."""
+    with contextlib.ExitStack() as stack:
+        udp = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(0.5)
+        tcp = stack.enter_context(socket.socket())
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        unix = stack.enter_context(socket.socket(socket.AF_UNIX))
+        abstract = f"\0codepool-test-{os.getpid()}"
+        unix.bind(abstract)
+        unix.listen()
+        ex = stack.enter_context(LocalExecutor(concurrency=1, preload=(), namespaces=False))
+        report = {line["name"]: line for line in ex.report}
+        assert report["landlock"]["active"] and report["seccomp"]["active"]
+        attempts = {
+            "udp": "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+            f".sendto(b'x', ('127.0.0.1', {udp.getsockname()[1]}))",
+            "tcp": "import socket\n"
+            f"socket.create_connection(('127.0.0.1', {tcp.getsockname()[1]}))",
+            "abstract": f"import socket\nsocket.socket(socket.AF_UNIX).connect({abstract!r})",
+            "host file": "open('/etc/hostname').read()",
+            "new session": "import os\nos.setsid() if os.fork() == 0 else os.wait()\nos.setsid()",
+            "namespace": "import ctypes\nassert ctypes.CDLL(None).unshare(0x10000000) == 0",
+        }
+        for name, code in attempts.items():
+            r = ex.run(code, timeout_s=5.0)
+            assert r.status == "error", (name, r)
+        try:
+            data = udp.recv(16)
+        except TimeoutError:
+            data = b""
+        assert data == b"", "a datagram reached the host"
