@@ -55,7 +55,9 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         # Everything that does not depend on the request is done before it arrives, so
         # the request pays only for its limits. Once unprivileged, limits can only go down.
         if plan.uid is not None:
-            _drop_privileges(plan.uid)
+            _drop_privileges(plan.uid)  # setresuid away from 0 clears every capability
+        else:
+            linux.drop_capabilities()  # a user namespace's owner holds them all
         _reseed()
         env = plan.env if plan.state.pidns else {**plan.env, "HOME": cwd, "TMPDIR": cwd}
         if os.environ != env:  # the zygote was normally started with exactly this

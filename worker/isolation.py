@@ -105,15 +105,17 @@ def _blocking_ancestor(path: str) -> str | None:
 
 
 def _unshare_user_namespace(state: IsolationState) -> None:
-    """Non-root hosts: become root of a user namespace so mounts and PID namespaces work."""
+    """Non-root hosts: own a user namespace, so mounts and PID namespaces work. The
+    worker's uid maps to itself, not to 0: inside, nothing is uid 0, and each child drops
+    the capabilities the namespace's owner holds before user code runs."""
     uid, gid = os.geteuid(), os.getegid()
     linux.unshare(linux.CLONE_NEWUSER)
     with open("/proc/self/setgroups", "w") as f:
         f.write("deny")
     with open("/proc/self/uid_map", "w") as f:
-        f.write(f"0 {uid} 1")
+        f.write(f"{uid} {uid} 1")
     with open("/proc/self/gid_map", "w") as f:
-        f.write(f"0 {gid} 1")
+        f.write(f"{gid} {gid} 1")
     state.userns = True
 
 
@@ -205,6 +207,12 @@ def setup_zygote(*, namespaces: bool = True) -> IsolationState:
         state.note("uid", True, "each running snippet has its own unprivileged uid")
     else:
         state.note("uid", False, "not root: snippets keep the worker's uid")
+    state.note(
+        "capabilities",
+        True,
+        "none: every capability dropped (bounding, ambient, effective) before user code"
+        + (", and no uid 0 inside the user namespace" if state.userns else ""),
+    )
     if state.pidns:
         state.note(
             "processes",

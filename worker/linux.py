@@ -31,6 +31,10 @@ MS_RELATIME = 0x200000
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_VERSION_3 = 0x20080522
 
 SIGCHLD = 17
 
@@ -136,3 +140,33 @@ def collapse_anonymous_memory() -> tuple[int, int]:
         else:
             refused += (end - start) >> 20
     return collapsed, refused
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def drop_capabilities() -> None:
+    """Drop every capability of this process for good: the bounding set (while
+    CAP_SETPCAP still allows it), the ambient set, then effective, permitted and
+    inheritable."""
+    last_cap = 63
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last_cap = int(f.read())
+    except OSError:
+        pass
+    for cap in range(last_cap + 1):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: none to drop
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data), "capset")

@@ -33,15 +33,19 @@ def test_fallback_runs_and_cleans_up() -> None:
 
         marker = f"/tmp/codepool-fallback-{os.getpid()}"
         daemon = (
-            "import os, subprocess, time\n"
+            "import os, subprocess, sys, time\n"
             "try:\n"
             f"    open({marker!r}, 'w').write('x')\n"
             "except PermissionError:\n"
             "    print('refused')\n"
             "open(os.path.join(os.environ['TMPDIR'], 'x'), 'w').write('x')\n"  # its work dir
             "subprocess.Popen(['sleep', '1000'])\n"
+            "sys.stdout.flush()\n"
             "if os.fork() == 0:\n"
-            "    os.setsid()\n"
+            "    try:\n"
+            "        os.setsid()\n"  # refused (seccomp): it stays in the process group
+            "    except PermissionError:\n"
+            "        pass\n"
             "    time.sleep(1000)\n"
             "print(os.getcwd())"
         )

@@ -1,0 +1,155 @@
+"""The executor run by a non-root user, as a researcher's host would: with user
+namespaces, and with ``namespaces=False``. The user, its home and the copy of codepool it
+runs are made here and removed afterwards; it runs Debian's own python3, since the
+suite's interpreter lives under /root (mode 700)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import codepool.common
+import codepool.worker
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None or not os.path.exists(SYSTEM_PYTHON),
+    reason="needs root (to create the user), useradd and a system python3",
+)
+
+# Run by the user: start an executor, try each hostile case, print what happened.
+DRIVER = r"""
+import json, os, socket, sys
+from codepool.worker import LocalExecutor
+
+namespaces, secret_path = sys.argv[1] == "ns", sys.argv[2]
+os.environ["CODEPOOL_TEST_SECRET"] = "hunter2"
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("127.0.0.1", 0))
+udp.settimeout(0.5)
+tcp = socket.socket()
+tcp.bind(("127.0.0.1", 0))
+tcp.listen()
+unix = socket.socket(socket.AF_UNIX)
+abstract = "\0codepool-rootless-%d" % os.getpid()
+unix.bind(abstract)
+unix.listen()
+cases = {
+    "identity": "import os\nstatus = open('/proc/self/status').read().splitlines()\n"
+    "caps = {l.split(':')[0]: int(l.split()[1], 16) for l in status if l.startswith('Cap')}\n"
+    "print(os.getuid(), os.geteuid(), caps['CapEff'], caps['CapPrm'], caps['CapAmb'])",
+    "home": "print(open(%r).read())" % secret_path,
+    "tcp": "import socket\nsocket.create_connection(('127.0.0.1', %d), 1)\nprint('x')"
+    % tcp.getsockname()[1],
+    "udp": "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', "
+    "('127.0.0.1', %d))\nprint('x')" % udp.getsockname()[1],
+    "abstract": "import socket\nsocket.socket(socket.AF_UNIX).connect(%r)\nprint('x')" % abstract,
+    "environ": "import os\nseen = []\nfor p in os.listdir('/proc'):\n    try:\n"
+    "        seen.append(open('/proc/%s/environ' % p, 'rb').read())\n    except OSError:\n"
+    "        pass\nprint(any(b'hunter2' in s for s in seen))",
+    "kill-parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('x')",
+    "kill-all": "import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('x')",
+    "tmp-write": "open('/tmp/codepool-rootless-mark', 'w').write('x')\nprint('x')",
+    "tmp-read": "import os\nprint(os.path.exists('/tmp/codepool-rootless-mark'))",
+}
+out = {}
+with LocalExecutor(concurrency=1, preload=(), namespaces=namespaces) as ex:
+    out["report"] = {l["name"]: l["active"] for l in ex.report}
+    for name, code in cases.items():
+        r = ex.run(code, timeout_s=5.0)
+        out[name] = [r.status, r.stdout.strip(), r.stderr.strip()[-300:]]
+    out["after"] = ex.run("print('still serving')").stdout.strip()
+try:
+    out["datagram"] = udp.recv(16).decode()
+except OSError:
+    out["datagram"] = ""
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
+    """A throwaway user with a home holding a 0600 secret, and a world-readable copy of
+    codepool (and msgpack) for it to import."""
+    name = f"cptest{os.getpid() % 100000}"
+    base = Path(tempfile.mkdtemp(prefix="codepool-rootless-"))
+    home = base / "home"
+    subprocess.run(
+        ["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/false", name],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        entry = pwd.getpwnam(name)
+        home.mkdir(mode=0o700)
+        (home / "secret").write_text("the worker user's secret")
+        (home / "secret").chmod(0o600)
+        for path in (home, home / "secret"):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        tree = base / "lib"
+        for package, source in (("common", codepool.common), ("worker", codepool.worker)):
+            shutil.copytree(source.__path__[0], tree / "codepool" / package)
+        import msgpack
+
+        shutil.copytree(Path(msgpack.__file__).parent, tree / "msgpack")
+        (base / "driver.py").write_text(DRIVER)
+        base.chmod(0o755)
+        subprocess.run(["chmod", "-R", "a+rX", str(tree), str(base / "driver.py")], check=True)
+        yield entry, base
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _drive(user: tuple[pwd.struct_passwd, Path], namespaces: bool) -> dict[str, object]:
+    entry, base = user
+    proc = subprocess.run(
+        [SYSTEM_PYTHON, str(base / "driver.py"), "ns" if namespaces else "no-ns",
+         str(base / "home" / "secret")],
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        extra_groups=[],
+        cwd=str(base),
+        env={"PYTHONPATH": str(base / "lib"), "PATH": "/usr/bin:/bin", "HOME": str(base / "home")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["user-namespaces", "no-namespaces"])
+def test_a_non_root_worker_holds_against_hostile_snippets(
+    user: tuple[pwd.struct_passwd, Path], namespaces: bool
+) -> None:
+    out = _drive(user, namespaces)
+    report = out["report"]
+    assert isinstance(report, dict)
+    assert report["landlock"] and report["seccomp"] and report["capabilities"], report
+    uid = user[0].pw_uid
+    status, identity, _ = out["identity"]  # type: ignore[misc]
+    assert status == "ok" and identity == f"{uid} {uid} 0 0 0", "never uid 0, never a capability"
+    # With namespaces /tmp is the snippet's own tmpfs; without, writing there is refused.
+    refused = ["home", "tcp", "udp", "abstract"] + ([] if namespaces else ["tmp-write"])
+    for name in refused:
+        result = out[name]
+        assert isinstance(result, list)
+        assert result[0] != "ok" and "x" != result[1], (name, result)
+    assert out["environ"] == ["ok", "False", ""], "the worker's environment leaked"
+    assert out["tmp-read"][:2] == ["ok", "False"]  # type: ignore[index]
+    # The parent is out of reach (its pid is 0 in a PID namespace, and Landlock scopes
+    # signals without one), and so is everything else of the worker user's: the driver
+    # that started the executor lived on to print this, and the executor still serves.
+    assert out["after"] == "still serving", "kill(getppid()) or kill(-1) reached the worker"
+    assert out["datagram"] == "", "a datagram reached the host"
