@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also check this Redis (default $REDIS_URL when set): version, persistence, "
         "maxmemory-policy, ACL rights",
     )
+    doctor.add_argument(
+        "--allow-weak-isolation",
+        action="store_true",
+        help="run the probes even where neither a PID namespace nor Landlock is available",
+    )
     worker = commands.add_parser("worker", help="run a worker host: executor + RQ dispatchers")
     worker.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
     worker.add_argument("-c", "--concurrency", type=int, default=2, help="snippet slots")
@@ -56,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="ceiling on any snippet's timeout_s (default 30)",
+    )
+    worker.add_argument(
+        "--allow-weak-isolation",
+        action="store_true",
+        help="run snippets even where neither a PID namespace nor Landlock is available "
+        "(they could then signal the worker's processes): an explicit opt-in",
     )
     worker.add_argument(
         "--max-memory-mb",
@@ -99,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
 
         from codepool.ops import doctor
 
-        return doctor.main(args.mode, args.preload, args.url or os.environ.get("REDIS_URL"))
+        return doctor.main(
+            args.mode,
+            args.preload,
+            args.url or os.environ.get("REDIS_URL"),
+            allow_weak_isolation=args.allow_weak_isolation,
+        )
     if args.command == "worker":
         from codepool.common import Limits
         from codepool.common.settings import Settings
@@ -116,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             name=args.name,
             max_limits=Limits().with_overrides(**{k: v for k, v in ceiling.items() if v}),
             log_level="DEBUG" if args.verbose else "INFO",
+            allow_weak_isolation=args.allow_weak_isolation,
         )
         return WorkerHost(settings, options).serve()
     if args.command == "stats":

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Collection
 from typing import Any
 
+from codepool.common.errors import ExecutorError
 from codepool.worker import LocalExecutor
 
 # Probes run inside a real snippet, so the report is what a snippet actually meets.
@@ -46,8 +48,11 @@ PROBES: list[tuple[str, str, str]] = [
 ]
 
 
-def diagnose(mode: str = "fork", preload: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Start an executor, collect the zygote's report and run the probes."""
+def diagnose(
+    mode: str = "fork", preload: tuple[str, ...] = (), *, allow_weak_isolation: bool = False
+) -> list[dict[str, Any]]:
+    """Start an executor, collect the zygote's report and run the probes. Raises
+    ExecutorError where isolation is too weak to run snippets (unless allowed)."""
     lines: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         tcp = stack.enter_context(socket.socket())
@@ -58,7 +63,14 @@ def diagnose(mode: str = "fork", preload: tuple[str, ...] = ()) -> list[dict[str
         unix.bind(abstract)
         unix.listen()
         values = {"port": tcp.getsockname()[1], "abstract": abstract}
-        executor = stack.enter_context(LocalExecutor(concurrency=1, mode=mode, preload=preload))
+        executor = stack.enter_context(
+            LocalExecutor(
+                concurrency=1,
+                mode=mode,
+                preload=preload,
+                allow_weak_isolation=allow_weak_isolation,
+            )
+        )
         lines.extend(executor.report)
         for name, code, expected in PROBES:
             result = executor.run(code.format(**values), timeout_s=10.0)
@@ -67,25 +79,63 @@ def diagnose(mode: str = "fork", preload: tuple[str, ...] = ()) -> list[dict[str
     return lines
 
 
-def format_lines(lines: list[dict[str, Any]]) -> str:
+def format_lines(lines: list[dict[str, Any]], cannot: Collection[str] = ()) -> str:
     width = max(len(str(line["name"])) for line in lines)
+
+    def mark(line: dict[str, Any]) -> str:
+        return "ok" if line["active"] else "--" if line["name"] in cannot else "!!"
+
     return "\n".join(
-        f"[{'ok' if line['active'] else '!!'}] {str(line['name']).ljust(width)}  {line['detail']}"
-        for line in lines
+        f"[{mark(line)}] {str(line['name']).ljust(width)}  {line['detail']}" for line in lines
     )
 
 
-def main(mode: str, preload: tuple[str, ...], url: str | None = None) -> int:
-    """Print the executor's protections and, with ``url``, the Redis checks."""
-    lines = diagnose(mode, preload)
+def environment(lines: list[dict[str, Any]], *, root: bool) -> tuple[str, set[str]]:
+    """The environment the report shows, and the protections it cannot give at all."""
+    active = {str(line["name"]): bool(line["active"]) for line in lines}
+    if active.get("processes"):
+        if root:
+            return "root host with namespaces", set()
+        return "rootless host with user namespaces", {"uid"}
+    cannot = {"namespaces", "user namespace", "network", "filesystem", "processes", "ipc"}
+    cannot.add("interpreter paths")  # only preloaded modules import where a parent is 0700
+    if root:
+        return "root without namespaces (e.g. a container without CAP_SYS_ADMIN)", cannot
+    return "non-root without namespaces (e.g. a rootless container)", cannot | {"uid"}
+
+
+def main(
+    mode: str,
+    preload: tuple[str, ...],
+    url: str | None = None,
+    *,
+    allow_weak_isolation: bool = False,
+) -> int:
+    """Print the environment, the executor's protections and, with ``url``, the Redis
+    checks. Exits 0 when everything this environment can give is active; what it cannot
+    give is shown as ``[--]``, a warning."""
+    try:
+        lines = diagnose(mode, preload, allow_weak_isolation=allow_weak_isolation)
+    except ExecutorError as exc:
+        print(f"[!!] isolation  {exc}")
+        return 1
+    name, cannot = environment(lines, root=os.geteuid() == 0)
     if url:
         from codepool.ops.redis_checks import check_redis
 
         lines += check_redis(url)
-    print(format_lines(lines))
-    missing = [line["name"] for line in lines if not line["active"]]
+    print(f"environment: {name}")
+    print(format_lines(lines, cannot))
+    missing = [line["name"] for line in lines if not line["active"] and line["name"] not in cannot]
     if missing:
         print(f"\n{len(missing)} check(s) not passed: {', '.join(map(str, missing))}")
         return 1
-    print("\nall protections active" + (" and Redis set up as codepool needs" if url else ""))
+    unavailable = [line["name"] for line in lines if not line["active"]]
+    if unavailable:
+        print(
+            f"\nall protections this environment can give are active; not available here: "
+            f"{', '.join(map(str, unavailable))}"
+        )
+    else:
+        print("\nall protections active" + (" and Redis set up as codepool needs" if url else ""))
     return 0

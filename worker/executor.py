@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.limits import Limits
@@ -73,6 +74,9 @@ class LocalExecutor(ZygoteClient):
     landlock: the second isolation layer in every child (Landlock: files, TCP, signal
         and abstract-socket scope; seccomp: socket families and dangerous syscalls);
         turn it off only to measure what it costs.
+    allow_weak_isolation: run even where neither a PID namespace nor Landlock is to be
+        had (snippets could then signal the worker's processes and reach its files);
+        without it such an executor refuses to start, naming what is missing.
     listen_path: also accept other clients (AttachedExecutor) on this Unix socket.
     """
 
@@ -90,6 +94,7 @@ class LocalExecutor(ZygoteClient):
         uid_base: int | None = None,
         namespaces: bool = True,
         landlock: bool = True,
+        allow_weak_isolation: bool = False,
         listen_path: str | None = None,
         name: str | None = None,
         start_timeout_s: float = 120.0,
@@ -118,6 +123,14 @@ class LocalExecutor(ZygoteClient):
         if listen_path is not None:
             self._listener = _listen(listen_path)
         self._connect()
+        missing = weak_isolation(self.report)
+        if missing and not allow_weak_isolation:
+            self.close()
+            raise ExecutorError(
+                f"refusing to run snippets with weak isolation: {missing}. Pass "
+                "allow_weak_isolation=True (codepool worker --allow-weak-isolation) to run "
+                "anyway, or give the worker namespaces or a kernel with Landlock"
+            )
 
     @property
     def mode(self) -> str:
@@ -179,6 +192,20 @@ class LocalExecutor(ZygoteClient):
 
     def __enter__(self) -> LocalExecutor:
         return self
+
+
+def weak_isolation(report: list[dict[str, Any]]) -> str:
+    """What is missing when neither layer can keep a snippet off the worker: no PID
+    namespace and no Landlock. Empty when isolation holds."""
+    lines = {str(line["name"]): line for line in report}
+    pidns = bool(lines.get("processes", {}).get("active"))
+    landlock = lines.get("landlock", {})
+    if pidns or landlock.get("active"):
+        return ""
+    return (
+        f"no PID namespace ({lines.get('namespaces', lines.get('processes', {})).get('detail')}) "
+        f"and no Landlock ({landlock.get('detail', 'not reported')})"
+    )
 
 
 def _listen(path: str) -> socket.socket:

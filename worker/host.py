@@ -52,6 +52,7 @@ class WorkerOptions:
     name: str = ""
     max_limits: Limits = field(default_factory=Limits)
     log_level: str = "INFO"
+    allow_weak_isolation: bool = False
 
 
 class WorkerHost:
@@ -78,6 +79,7 @@ class WorkerHost:
                 mode=self.options.mode,
                 preload=self.options.preload,
                 max_limits=self.options.max_limits,
+                allow_weak_isolation=self.options.allow_weak_isolation,
                 listen_path=os.path.join(self._dir, "zygote.sock"),
                 name=self.name,
             )

@@ -10,6 +10,9 @@ import socket
 import tempfile
 import time
 
+import pytest
+
+from codepool.common.errors import ExecutorError
 from codepool.worker import LocalExecutor
 from codepool.worker.config import FALLBACK_PREFIX
 from tests.conftest import processes_of
@@ -160,3 +163,14 @@ def test_the_second_layer_holds_without_namespaces() -> None:
         except TimeoutError:
             data = b""
         assert data == b"", "a datagram reached the host"
+
+
+def test_without_either_layer_the_executor_refuses_unless_told() -> None:
+    """No PID namespace and no Landlock (here: both turned off): nothing would keep a
+    snippet from signalling the worker, so the executor refuses, naming what is missing."""
+    with pytest.raises(ExecutorError, match=r"no PID namespace .* and no Landlock"):
+        LocalExecutor(concurrency=1, preload=(), namespaces=False, landlock=False)
+    with LocalExecutor(
+        concurrency=1, preload=(), namespaces=False, landlock=False, allow_weak_isolation=True
+    ) as ex:
+        assert ex.run("print(1)").stdout == "1\n"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import codepool.common
+import codepool.ops
 import codepool.worker
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -97,7 +98,8 @@ def user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
         for path in (home, home / "secret"):
             os.chown(path, entry.pw_uid, entry.pw_gid)
         tree = base / "lib"
-        for package, source in (("common", codepool.common), ("worker", codepool.worker)):
+        packages = (("common", codepool.common), ("worker", codepool.worker), ("ops", codepool.ops))
+        for package, source in packages:
             shutil.copytree(source.__path__[0], tree / "codepool" / package)
         import msgpack
 
@@ -111,11 +113,10 @@ def user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _drive(user: tuple[pwd.struct_passwd, Path], namespaces: bool) -> dict[str, object]:
+def _as_user(user: tuple[pwd.struct_passwd, Path], *argv: str) -> subprocess.CompletedProcess[str]:
     entry, base = user
-    proc = subprocess.run(
-        [SYSTEM_PYTHON, str(base / "driver.py"), "ns" if namespaces else "no-ns",
-         str(base / "home" / "secret")],
+    return subprocess.run(
+        [SYSTEM_PYTHON, *argv],
         user=entry.pw_uid,
         group=entry.pw_gid,
         extra_groups=[],
@@ -124,9 +125,26 @@ def _drive(user: tuple[pwd.struct_passwd, Path], namespaces: bool) -> dict[str, 
         capture_output=True,
         text=True,
         timeout=120,
-    )  # fmt: skip
+    )
+
+
+def _drive(user: tuple[pwd.struct_passwd, Path], namespaces: bool) -> dict[str, object]:
+    base = user[1]
+    mode = "ns" if namespaces else "no-ns"
+    proc = _as_user(user, str(base / "driver.py"), mode, str(base / "home" / "secret"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_doctor_as_a_non_root_user_names_the_environment_and_passes(
+    user: tuple[pwd.struct_passwd, Path],
+) -> None:
+    proc = _as_user(user, "-c", "import sys\nfrom codepool.ops import doctor\n"
+                    "sys.exit(doctor.main('fork', ()))")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "environment: rootless host with user namespaces" in proc.stdout
+    assert "[--] uid" in proc.stdout  # not to be had without root: a warning, not a failure
+    assert "[!!]" not in proc.stdout
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["user-namespaces", "no-namespaces"])
