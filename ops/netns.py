@@ -28,7 +28,7 @@ import redis
 from codepool.common.errors import CodepoolError, ConfigError
 from codepool.ops.processes import descendants
 from codepool.ops.redis_server import INSTALL_HINT
-from codepool.worker.reaping import wait_or_kill
+from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,11 @@ def worker_role(pid: int) -> str | None:
         return None
     if len(nspid) > 1:
         return None
-    for name in ("dispatcher", "supervisor", "zygote"):
-        if f"codepool.worker.{name}" in cmdline:
+    for name, module in (
+        ("dispatcher", "codepool.worker.dispatcher"),
+        ("supervisor", "codepool.worker.engine.supervisor"),
+        ("zygote", "codepool.worker.engine.zygote"),
+    ):
+        if module in cmdline:
             return name
     return None

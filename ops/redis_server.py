@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from codepool.common.errors import ConfigError
-from codepool.worker.reaping import wait_or_kill
+from codepool.worker.engine.reaping import wait_or_kill
 
 INSTALL_HINT = (
     "no redis-server binary found: install one (Debian/Ubuntu: "

@@ -16,7 +16,7 @@ import redis
 
 from codepool.ops.redis_server import RedisServer
 from codepool.worker import LocalExecutor
-from codepool.worker.config import FALLBACK_PREFIX
+from codepool.worker.engine.config import FALLBACK_PREFIX
 
 VOLATILE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 

@@ -1,6 +1,6 @@
 """The host executor (zygote, limits, isolation) and, later, the RQ worker.
 
-Imports are lazy so the spawn-mode runner (``-m codepool.worker.runner``) starts
+Imports are lazy so the spawn-mode runner (``-m codepool.worker.engine.runner``) starts
 without loading the executor's machinery.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from codepool.worker.executor import LocalExecutor
+    from codepool.worker.engine.executor import LocalExecutor
     from codepool.worker.sandbox import LocalSandbox
 
 __all__ = ["LocalExecutor", "LocalSandbox"]
@@ -17,7 +17,7 @@ __all__ = ["LocalExecutor", "LocalSandbox"]
 
 def __getattr__(name: str) -> Any:
     if name == "LocalExecutor":
-        from codepool.worker.executor import LocalExecutor
+        from codepool.worker.engine.executor import LocalExecutor
 
         return LocalExecutor
     if name == "LocalSandbox":

@@ -25,8 +25,8 @@ from codepool.common.connection import redis_client
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION
-from codepool.worker import linux
-from codepool.worker.client import AttachedExecutor
+from codepool.worker.engine import linux
+from codepool.worker.engine.client import AttachedExecutor
 from codepool.worker.job import BatchRunner, CodepoolJob
 from codepool.worker.lease import LeaseKeeper
 from codepool.worker.stats import StatsBuffer

@@ -31,7 +31,7 @@ from codepool.common.connection import redis_client
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
 from codepool.worker.dispatcher import DispatcherConfig
-from codepool.worker.executor import LocalExecutor
+from codepool.worker.engine.executor import LocalExecutor
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from codepool.common.wire import (
     decode_announcement,
     peek_batch_id,
 )
-from codepool.worker.client import ZygoteClient
+from codepool.worker.engine.client import ZygoteClient
 from codepool.worker.lease import LeaseKeeper
 from codepool.worker.stats import StatsBuffer
 from codepool.worker.writer import ResultWriter

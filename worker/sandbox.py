@@ -10,7 +10,7 @@ from codepool.common.limits import Limits
 from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
 from codepool.common.result import ExecResult
 from codepool.common.stats import SandboxStats
-from codepool.worker.executor import DEFAULT_PRELOAD, LocalExecutor
+from codepool.worker.engine.executor import DEFAULT_PRELOAD, LocalExecutor
 
 
 class LocalSandbox:

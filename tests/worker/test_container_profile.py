@@ -10,7 +10,7 @@ import sys
 
 DRIVER = r"""
 import json, os, socket
-from codepool.worker import linux, seccomp
+from codepool.worker.engine import linux, seccomp
 from codepool.worker import LocalExecutor
 
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -14,7 +14,7 @@ import pytest
 
 from codepool.common.errors import ExecutorError
 from codepool.worker import LocalExecutor
-from codepool.worker.config import FALLBACK_PREFIX
+from codepool.worker.engine.config import FALLBACK_PREFIX
 from tests.conftest import processes_of
 
 

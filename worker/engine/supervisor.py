@@ -8,7 +8,7 @@ of the zygote with the child, and every page the zygote then writes is copied ag
 the zygote does nothing but clone. At most ``concurrency`` snippets run at once; one
 more child is always cloned and waiting so a request does not pay for the fork.
 
-Run as ``python -P -B -m codepool.worker.supervisor CONFIG_JSON``.
+Run as ``python -P -B -m codepool.worker.engine.supervisor CONFIG_JSON``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.observation import decode_tail
 from codepool.common.result import infra, rejected
-from codepool.worker import isolation
-from codepool.worker.child import READY
-from codepool.worker.config import FALLBACK_PREFIX, ZygoteConfig, read_config, send_config
-from codepool.worker.protocol import FrameReader, encode_frame
-from codepool.worker.reaping import wait_or_kill
+from codepool.worker.engine import isolation
+from codepool.worker.engine.child import READY
+from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, read_config, send_config
+from codepool.worker.engine.protocol import FrameReader, encode_frame
+from codepool.worker.engine.reaping import wait_or_kill
 
-log = logging.getLogger("codepool.worker.supervisor")
+log = logging.getLogger("codepool.worker.engine.supervisor")
 
 # Snippet uids each supervisor may use: uid_base is spaced by this much per supervisor pid.
 UID_BLOCK = 64
@@ -369,7 +369,7 @@ def sweep_stale_dirs() -> int:
 def _is_supervisor(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"codepool.worker.supervisor" in f.read()
+            return b"codepool.worker.engine.supervisor" in f.read()
     except OSError:
         return False
 
@@ -459,7 +459,7 @@ def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     zygote_config = dataclasses.replace(config, owner_fd=theirs.fileno(), listen_fd=-1)
     process = subprocess.Popen(
-        [sys.executable, "-P", "-B", "-m", "codepool.worker.zygote"],
+        [sys.executable, "-P", "-B", "-m", "codepool.worker.engine.zygote"],
         pass_fds=[theirs.fileno()],
         stdin=subprocess.PIPE,
     )

@@ -18,9 +18,9 @@ from typing import Any
 
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.limits import Limits
-from codepool.worker.client import ZygoteClient
-from codepool.worker.config import ZygoteConfig, send_config
-from codepool.worker.reaping import wait_or_kill
+from codepool.worker.engine.client import ZygoteClient
+from codepool.worker.engine.config import ZygoteConfig, send_config
+from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class LocalExecutor(ZygoteClient):
         env = dict(self._env)
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = [sys.executable, "-P", "-B", "-m", "codepool.worker.supervisor"]
+        argv = [sys.executable, "-P", "-B", "-m", "codepool.worker.engine.supervisor"]
         try:
             # The config (the snippet environment included) goes on a pipe: every local
             # user can read a command line.

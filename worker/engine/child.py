@@ -20,8 +20,8 @@ from typing import NoReturn
 
 from codepool.common import codec
 from codepool.common.limits import Limits
-from codepool.worker import isolation, landlock, linux, runner, seccomp
-from codepool.worker.protocol import FrameReader
+from codepool.worker.engine import isolation, landlock, linux, runner, seccomp
+from codepool.worker.engine.protocol import FrameReader
 
 REQUEST_FD = 3
 READY = b"R"
@@ -161,7 +161,7 @@ def _exec_interpreter(code: bytes, auto_print: bool, env: dict[str, str]) -> NoR
     os.lseek(source_fd, 0, os.SEEK_SET)
     os.dup2(source_fd, runner.CODE_FD)
     os.close(source_fd)
-    argv = [sys.executable, "-I", "-B", "-m", "codepool.worker.runner"]
+    argv = [sys.executable, "-I", "-B", "-m", "codepool.worker.engine.runner"]
     if auto_print:
         argv.append("--auto-print")
     os.execve(sys.executable, argv, env)

@@ -7,7 +7,7 @@ with its uid, the zygote clones a child into fresh PID, mount and IPC namespaces
 loop this small matters: after each fork the zygote shares its pages with the child, and
 every page it then writes must be copied again. Single-threaded by construction.
 
-Run by the supervisor as ``python -P -B -m codepool.worker.zygote CONFIG_JSON``.
+Run by the supervisor as ``python -P -B -m codepool.worker.engine.zygote CONFIG_JSON``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import socket
 import sys
 
 from codepool.common import codec
-from codepool.worker import isolation, landlock, linux, runner, seccomp
-from codepool.worker.child import ChildPlan, child_main
-from codepool.worker.config import ZygoteConfig, read_config
-from codepool.worker.warmup import warm_up
+from codepool.worker.engine import isolation, landlock, linux, runner, seccomp
+from codepool.worker.engine.child import ChildPlan, child_main
+from codepool.worker.engine.config import ZygoteConfig, read_config
+from codepool.worker.engine.warmup import warm_up
 
 CLONE_PARENT = 0x00008000
 

@@ -20,7 +20,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 
-from codepool.worker import linux
+from codepool.worker.engine import linux
 
 VOLATILE_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
 WORKDIR = "/tmp/work"

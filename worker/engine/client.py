@@ -23,7 +23,7 @@ from typing import Any
 from codepool.common.errors import ExecutorError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, infra, rejected
-from codepool.worker.protocol import FrameReader, encode_frame, recv_one
+from codepool.worker.engine.protocol import FrameReader, encode_frame, recv_one
 
 log = logging.getLogger(__name__)
 
