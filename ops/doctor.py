@@ -101,7 +101,10 @@ def environment(lines: list[dict[str, Any]], *, root: bool) -> tuple[str, set[st
     cannot.add("interpreter paths")  # only preloaded modules import where a parent is 0700
     if root:
         return "root without namespaces (e.g. a container without CAP_SYS_ADMIN)", cannot
-    return "non-root without namespaces (e.g. a rootless container)", cannot | {"uid"}
+    return (
+        "non-root without namespaces (e.g. a rootless container)",
+        cannot | {"uid", "process limit"},
+    )
 
 
 def main(

@@ -63,6 +63,15 @@ cases = {
     "tmp-write": "open('/tmp/codepool-rootless-mark', 'w').write('x')\nprint('x')",
     "tmp-read": "import os\nprint(os.path.exists('/tmp/codepool-rootless-mark'))",
 }
+if namespaces:  # without a user namespace nothing would cap it (doctor says so)
+    cases["fork-bomb"] = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    )
+    cases["after-bomb"] = (
+        "import os, threading\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+        "os.waitpid(pid, 0)\nt = threading.Thread(target=print, args=('thread',))\n"
+        "t.start()\nt.join()"
+    )
 out = {}
 with LocalExecutor(concurrency=1, preload=(), namespaces=namespaces) as ex:
     out["report"] = {l["name"]: l["active"] for l in ex.report}
@@ -70,6 +79,7 @@ with LocalExecutor(concurrency=1, preload=(), namespaces=namespaces) as ex:
         r = ex.run(code, timeout_s=5.0)
         out[name] = [r.status, r.stdout.strip(), r.stderr.strip()[-300:]]
     out["after"] = ex.run("print('still serving')").stdout.strip()
+    out["report-detail"] = {l["name"]: l["detail"] for l in ex.report}
 try:
     out["datagram"] = udp.recv(16).decode()
 except OSError:
@@ -171,3 +181,8 @@ def test_a_non_root_worker_holds_against_hostile_snippets(
     # that started the executor lived on to print this, and the executor still serves.
     assert out["after"] == "still serving", "kill(getppid()) or kill(-1) reached the worker"
     assert out["datagram"] == "", "a datagram reached the host"
+    if namespaces:
+        assert out["fork-bomb"][0] == "timeout"  # type: ignore[index]
+        assert out["after-bomb"][:2] == ["ok", "thread"], out["after-bomb"]  # type: ignore[index]
+    else:
+        assert not report["process limit"]  # said plainly, and doctor warns of it

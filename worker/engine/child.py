@@ -43,6 +43,9 @@ class ChildPlan:
     fresh: runner.Fresh | None  # fork mode: made once in the zygote
     guard: landlock.Plan  # the second layer, whatever the namespaces: files, TCP, scope
     syscalls: seccomp.Filter  # and its syscall half
+    # Processes of the snippet's uid that are not its own but count against its limit:
+    # in a rootless user namespace the zygote and its other children share the uid.
+    nproc_headroom: int = 0
 
 
 def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> NoReturn:
@@ -71,7 +74,7 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)
         code, limits = request
-        _apply_limits(limits, plan.vm_baseline_bytes, separate_uid=plan.uid is not None)
+        _apply_limits(limits, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
         os.write(REQUEST_FD, READY)
         if plan.mode == "spawn":
             _exec_interpreter(code, limits.auto_print, env)
@@ -124,7 +127,17 @@ def _read_request() -> tuple[bytes, Limits] | None:
             return message["code"], codec.decode_limits(message["limits"])
 
 
-def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, separate_uid: bool) -> None:
+def _nproc_headroom(plan: ChildPlan) -> int | None:
+    """What RLIMIT_NPROC adds to ``max_procs``, or None where it would count the worker
+    user's own processes too (no uid of its own, no user namespace)."""
+    if plan.uid is not None:
+        return 0  # a uid of its own: counted per snippet
+    if plan.state.userns:
+        return plan.nproc_headroom  # counted per uid inside the user namespace only
+    return None
+
+
+def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, nproc_headroom: int | None) -> None:
     cpu_s = math.ceil(limits.effective_cpu_s)
     address_space = vm_baseline_bytes + (limits.memory_mb << 20)
     file_bytes = limits.max_file_mb << 20
@@ -133,9 +146,10 @@ def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, separate_uid: bool)
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if separate_uid:
-        # Counted per uid, and each running snippet has a uid of its own.
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
+    if nproc_headroom is not None:
+        # Counted per uid (in the user namespace, when there is one).
+        nproc = limits.max_procs + nproc_headroom
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
 def _drop_privileges(uid: int) -> None:

@@ -235,7 +235,23 @@ def setup_zygote(*, namespaces: bool = True) -> IsolationState:
             "no PID namespace and no separate uid: the process group is killed, but "
             "setsid daemons may escape and files in /tmp survive",
         )
-    state.note("rlimits", True, "CPU, address space, processes, file size, open files, core")
+    state.note("rlimits", True, "CPU, address space, file size, open files, core")
+    if state.separate_uid:
+        state.note("process limit", True, "RLIMIT_NPROC per snippet, each on a uid of its own")
+    elif state.userns:
+        state.note(
+            "process limit",
+            True,
+            "RLIMIT_NPROC counted inside the user namespace: a fork bomb starves at most "
+            "the snippets running beside it, never the worker",
+        )
+    else:
+        state.note(
+            "process limit",
+            False,
+            "none per snippet: without a uid of its own or a user namespace, RLIMIT_NPROC "
+            "would count the worker user's own processes (a fork bomb runs until its timeout)",
+        )
     state.note("environment", True, "allow-list only")
     state.note("file descriptors", True, "all closed but stdio")
     return state

@@ -98,6 +98,8 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             fresh,
             guard,
             syscalls,
+            # The zygote, two waiting children and the other running snippets.
+            nproc_headroom=config.concurrency + 3,
         )
         pid = linux.fork_with_flags(flags)
         if pid == 0:
