@@ -26,6 +26,20 @@ _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data; arg0's low half
 AF_UNIX = 1
 CLONE_NEW_ANY = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
+# Calls added since Linux 5.1 have one number on every architecture.
+_UNIFIED = {
+    "clone3": 435,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+}
 # name -> number, per architecture (x86_64 numbers; aarch64's generic table).
 _ARCHES = {
     "x86_64": (
@@ -34,7 +48,6 @@ _ARCHES = {
             "socket": 41,
             "socketpair": 53,
             "clone": 56,
-            "clone3": 435,
             "setsid": 112,
             "setpgid": 109,
             "ptrace": 101,
@@ -50,9 +63,6 @@ _ARCHES = {
             "pivot_root": 155,
             "unshare": 272,
             "setns": 308,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
             "userfaultfd": 323,
             "kexec_load": 246,
             "kexec_file_load": 320,
@@ -60,13 +70,6 @@ _ARCHES = {
             "finit_module": 313,
             "delete_module": 176,
             "open_by_handle_at": 304,
-            "open_tree": 428,
-            "move_mount": 429,
-            "fsopen": 430,
-            "fsconfig": 431,
-            "fsmount": 432,
-            "fspick": 433,
-            "mount_setattr": 442,
         },
     ),
     "aarch64": (
@@ -75,7 +78,6 @@ _ARCHES = {
             "socket": 198,
             "socketpair": 199,
             "clone": 220,
-            "clone3": 435,
             "setsid": 157,
             "setpgid": 154,
             "ptrace": 117,
@@ -91,9 +93,6 @@ _ARCHES = {
             "pivot_root": 41,
             "unshare": 97,
             "setns": 268,
-            "io_uring_setup": 425,
-            "io_uring_enter": 426,
-            "io_uring_register": 427,
             "userfaultfd": 282,
             "kexec_load": 104,
             "kexec_file_load": 294,
@@ -101,13 +100,6 @@ _ARCHES = {
             "finit_module": 273,
             "delete_module": 106,
             "open_by_handle_at": 265,
-            "open_tree": 428,
-            "move_mount": 429,
-            "fsopen": 430,
-            "fsconfig": 431,
-            "fsmount": 432,
-            "fspick": 433,
-            "mount_setattr": 442,
         },
     ),
 }
@@ -161,7 +153,8 @@ def build(*, group_calls: bool, sockets: bool = True) -> Filter:
     arch = platform.machine()
     if arch not in _ARCHES:
         return Filter(None, None, f"no syscall table for {arch}: not installed")
-    audit_arch, numbers = _ARCHES[arch]
+    audit_arch, own = _ARCHES[arch]
+    numbers = {**own, **_UNIFIED}
     denied = [n for name, n in numbers.items() if name not in _SPECIAL]
     if group_calls:
         denied += [numbers[name] for name in _GROUP_CALLS]
