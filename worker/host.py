@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -31,11 +30,13 @@ from codepool.common.connection import redis_client
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
 from codepool.worker.dispatcher import DispatcherConfig
+from codepool.worker.engine import leftovers
 from codepool.worker.engine.executor import LocalExecutor
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 5.0
+HOST_DIR_PREFIX = "codepool-worker-"
 QUICK_EXIT_S = 10.0
 STOP_GRACE_S = 600.0
 
@@ -66,7 +67,9 @@ class WorkerHost:
         self._started_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         self._restart_at: dict[int, float] = {}
-        self._dir = tempfile.mkdtemp(prefix="codepool-worker-")  # 0700
+        # 0700, named by our pid; a host killed -9 leaves its dir for the next to sweep.
+        leftovers.sweep(HOST_DIR_PREFIX, b"worker")
+        self._dir = leftovers.make_dir(HOST_DIR_PREFIX)
         self.executor: LocalExecutor | None = None
         self.conn: redis.Redis = redis_client(settings)
 

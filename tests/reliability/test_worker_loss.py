@@ -4,13 +4,16 @@ far beyond these tests' waits)."""
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 
 from codepool.ops.processes import descendants, worker_role
 from codepool.producer import CodePool
+from codepool.worker.host import HOST_DIR_PREFIX
 from tests.conftest import WorkerProcess
 
 StartWorker = Callable[..., WorkerProcess]
@@ -42,8 +45,12 @@ def test_batch_survives_its_worker_host_being_killed(
         seen.append(index)
         if len(seen) == 20:
             break
+    doomed_dirs = glob.glob(f"{tempfile.gettempdir()}/{HOST_DIR_PREFIX}{doomed.process.pid}-*")
+    assert doomed_dirs  # its zygote socket dir, which a kill -9 leaves behind
     _kill_host(doomed)
     start_worker(concurrency=2, name="survivor")
+    # The next host on the machine sweeps what the killed one left.
+    assert not any(os.path.exists(d) for d in doomed_dirs)
     seen += [index for index, _ in iterator]
     results = batch.results()
     assert sorted(seen) == list(range(n)), "every index exactly once"

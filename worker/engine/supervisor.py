@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +32,7 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.observation import decode_tail
 from codepool.common.result import infra, rejected
-from codepool.worker.engine import isolation
+from codepool.worker.engine import isolation, leftovers
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, read_config, send_config
 from codepool.worker.engine.protocol import FrameReader, encode_frame
@@ -215,7 +214,7 @@ class Supervisor:
         uid = self.uid_base + slot if self.state.separate_uid else None
         fallback_dir = None
         if not self.state.pidns:
-            fallback_dir = tempfile.mkdtemp(prefix=f"{FALLBACK_PREFIX}{os.getpid()}-")
+            fallback_dir = leftovers.make_dir(FALLBACK_PREFIX)
             if uid is not None:
                 os.chown(fallback_dir, uid, uid)
         parent_sock, child_sock = socket.socketpair()
@@ -352,28 +351,6 @@ class Supervisor:
                 shutil.rmtree(child.fallback_dir, ignore_errors=True)
 
 
-def sweep_stale_dirs() -> int:
-    """Remove the fallback work dirs of supervisors that are gone (killed, say), found by
-    the pid in their name; returns how many were removed."""
-    removed = 0
-    for entry in os.scandir(tempfile.gettempdir()):
-        if not entry.name.startswith(FALLBACK_PREFIX):
-            continue
-        owner = entry.name[len(FALLBACK_PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not _is_supervisor(int(owner)):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
-    return removed
-
-
-def _is_supervisor(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"codepool.worker.engine.supervisor" in f.read()
-    except OSError:
-        return False
-
-
 def _kill(pid: int, *, group: bool) -> None:
     # With a PID namespace, killing its init takes every process of the snippet with it;
     # without one, the child leads its own session and we kill that process group.
@@ -486,7 +463,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     zygote = start_zygote(config)
     if not zygote.state.pidns:
-        sweep_stale_dirs()
+        leftovers.sweep(FALLBACK_PREFIX, b"codepool.worker.engine.supervisor")
     try:
         Supervisor(config, zygote, owner).serve()
     finally:
