@@ -33,7 +33,8 @@ DRIVER = r"""
 import json, os, socket, sys
 from codepool.worker import LocalExecutor
 
-namespaces, secret_path = sys.argv[1] == "ns", sys.argv[2]
+namespaces, secret_path = sys.argv[1] in ("ns", "ns-no-landlock"), sys.argv[2]
+landlock = sys.argv[1] != "ns-no-landlock"
 os.environ["CODEPOOL_TEST_SECRET"] = "hunter2"
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 udp.bind(("127.0.0.1", 0))
@@ -73,7 +74,7 @@ if namespaces:  # without a user namespace nothing would cap it (doctor says so)
         "t.start()\nt.join()"
     )
 out = {}
-with LocalExecutor(concurrency=1, preload=(), namespaces=namespaces) as ex:
+with LocalExecutor(concurrency=1, preload=(), namespaces=namespaces, landlock=landlock) as ex:
     out["report"] = {l["name"]: l["active"] for l in ex.report}
     for name, code in cases.items():
         r = ex.run(code, timeout_s=5.0)
@@ -94,7 +95,8 @@ def user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
     codepool (and msgpack) for it to import."""
     name = f"cptest{os.getpid() % 100000}"
     base = Path(tempfile.mkdtemp(prefix="codepool-rootless-"))
-    home = base / "home"
+    # Not under /tmp: there a snippet's own tmpfs would hide it whatever the executor did.
+    home = Path("/home") / name
     subprocess.run(
         ["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/false", name],
         check=True,
@@ -121,6 +123,7 @@ def user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
     finally:
         subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _as_user(user: tuple[pwd.struct_passwd, Path], *argv: str) -> subprocess.CompletedProcess[str]:
@@ -131,7 +134,7 @@ def _as_user(user: tuple[pwd.struct_passwd, Path], *argv: str) -> subprocess.Com
         group=entry.pw_gid,
         extra_groups=[],
         cwd=str(base),
-        env={"PYTHONPATH": str(base / "lib"), "PATH": "/usr/bin:/bin", "HOME": str(base / "home")},
+        env={"PYTHONPATH": str(base / "lib"), "PATH": "/usr/bin:/bin", "HOME": entry.pw_dir},
         capture_output=True,
         text=True,
         timeout=120,
@@ -141,7 +144,7 @@ def _as_user(user: tuple[pwd.struct_passwd, Path], *argv: str) -> subprocess.Com
 def _drive(user: tuple[pwd.struct_passwd, Path], namespaces: bool) -> dict[str, object]:
     base = user[1]
     mode = "ns" if namespaces else "no-ns"
-    proc = _as_user(user, str(base / "driver.py"), mode, str(base / "home" / "secret"))
+    proc = _as_user(user, str(base / "driver.py"), mode, os.path.join(user[0].pw_dir, "secret"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
@@ -186,3 +189,18 @@ def test_a_non_root_worker_holds_against_hostile_snippets(
         assert out["after-bomb"][:2] == ["ok", "thread"], out["after-bomb"]  # type: ignore[index]
     else:
         assert not report["process limit"]  # said plainly, and doctor warns of it
+
+
+def test_the_worker_users_home_is_hidden_by_the_namespace_alone(
+    user: tuple[pwd.struct_passwd, Path],
+) -> None:
+    """On a kernel without Landlock the mount namespace must hide the home by itself."""
+    base = user[1]
+    proc = _as_user(
+        user, str(base / "driver.py"), "ns-no-landlock", os.path.join(user[0].pw_dir, "secret")
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not out["report"]["landlock"]
+    assert out["home"][0] == "error" and "secret" not in out["home"][1], out["home"]
+    assert out["identity"][1] == f"{user[0].pw_uid} {user[0].pw_uid} 0 0 0"

@@ -14,6 +14,7 @@ under them (a venv in /tmp) bound back in, and a /proc that shows only the snipp
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -160,6 +161,11 @@ def _expose(state: IsolationState, paths: list[str]) -> list[str]:
         blocker = _blocking_ancestor(path)
         if blocker is not None:
             masks.setdefault(blocker, []).append(path)
+    # A non-root worker's home holds its keys and tokens, and snippets share its uid:
+    # hide it too (Landlock hides it as well, where the kernel has Landlock).
+    home = _private_home()
+    if home and not any(_under(home, m) or _under(m, home) for m in masks):
+        masks[home] = [p for p in paths if _under(p, home)]
     for blocker, inner in masks.items():
         fds = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in inner]
         linux.mount(
@@ -168,10 +174,21 @@ def _expose(state: IsolationState, paths: list[str]) -> list[str]:
         for path, fd in fds:
             _bind_back(path, fd)
             os.close(fd)
-        actions.append(
-            f"hid {blocker} (mode 700) behind a tmpfs; bound back read-only: " + ", ".join(inner)
-        )
+        why = "the worker's home" if blocker == home else "mode 700"
+        bound = ", ".join(inner) or "nothing"
+        actions.append(f"hid {blocker} ({why}) behind a tmpfs; bound back read-only: {bound}")
     return actions
+
+
+def _private_home() -> str | None:
+    """The worker user's home directory when not root (root's /root is 0700 already)."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        home = os.path.realpath(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        return None
+    return home if home not in ("/", "") and os.path.isdir(home) else None
 
 
 def _bind_back(path: str, fd: int) -> None:
