@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 # How long one blocking read waits before the leases are looked at again.
 POLL_BLOCK_S = 1.0
+# No result for this long while dispatchers live: announce the batch again if it still
+# has unclaimed work (an announcement lost, say, with a Redis that failed over).
+STALL_S = 10.0
 # While results are streaming in, wait this long after a read so the next one takes
 # several (one BLMPOP per result would be a Redis command per snippet).
 COLLECT_LINGER_S = 0.008
@@ -163,6 +166,20 @@ class CodePool:
                 self._live = int(submit_script(self.conn, store_keys, store_args))
                 announce(self._queue, settings, batch_id=batch_id, size=n)
 
+    def nudge(self, batch_id: str, size: int) -> bool:
+        """Announce a batch once more if it has work nobody has claimed; True if it did.
+        A spare announcement costs one RQ job: whoever takes it finds nothing and ends."""
+        try:
+            n, nxt, retry = self.conn.hmget(self.keys.batch_state(batch_id), "n", "next", "retry")
+            if n is None or (int(nxt or 0) >= int(n) and int(retry or 0) <= 0):
+                return False
+            announce(self._queue, self.settings, batch_id=batch_id, size=size)
+        except redis.RedisError as exc:
+            log.warning("batch %s: could not announce it again: %s", batch_id, exc)
+            return False
+        log.warning("batch %s: no progress with work unclaimed; announced it again", batch_id)
+        return True
+
     def watch(self) -> int | None:
         """Live dispatchers now (at most one look at Redis a second for the whole pool);
         recovers lapsed ones on the way. None if Redis could not be asked."""
@@ -242,6 +259,7 @@ class Batch:
         message = DEADLINE_MESSAGE
         watch_at = time.monotonic() + POLL_BLOCK_S
         no_worker_since: float | None = None
+        progress_at = time.monotonic()  # the last result, or the last nudge
         while len(self._results) < self.size:
             now = time.monotonic()
             if now >= end:
@@ -258,6 +276,9 @@ class Batch:
                         break
                 elif live is not None:
                     no_worker_since = None
+                    if now - progress_at >= STALL_S:
+                        progress_at = now
+                        pool.nudge(self.id, self.size)
             block_s = max(0.01, min(end, watch_at) - now)
             try:
                 popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
@@ -283,6 +304,7 @@ class Batch:
                 # latency as the caller sees it: from submit to collection.
                 result = result.replace(latency=time.monotonic() - self.submitted)
                 self._results[index] = result
+                progress_at = time.monotonic()
                 yield index, result
             if entries and len(self._results) < self.size:
                 time.sleep(COLLECT_LINGER_S)

@@ -116,3 +116,19 @@ def test_no_live_worker_at_all_is_said_as_such(redis_url: str) -> None:
     results = batch.results(timeout_s=120)
     assert [r.status for r in results] == ["infra"] * 3
     assert "no live worker on queue 'codepool'" in results[0].stderr
+
+
+def test_a_lost_announcement_is_made_again(redis_url: str, start_worker: StartWorker) -> None:
+    """The batch is stored but its announcement is gone (a Redis that failed over, say):
+    the waiting producer sees live dispatchers, no progress and unclaimed work, and
+    announces it again."""
+    import redis
+
+    from codepool.common.queueing import batch_queue
+
+    pool = CodePool(redis_url)
+    batch = pool.submit(["print('found')"] * 3)
+    batch_queue(redis.Redis.from_url(redis_url), pool.settings).empty()
+    start_worker()
+    results = batch.results(timeout_s=60)
+    assert [r.stdout for r in results] == ["found\n"] * 3
