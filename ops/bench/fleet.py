@@ -238,8 +238,8 @@ def report(
         )
     print(
         "extra s: over the median clean batch; fault->end: from the fault to the batch's last "
-        "result.\nPer-snippet Redis cost of sleep snippets is mostly the idle fleet's, spread "
-        "over a few snippets a second."
+        "result.\nSleep snippets' Redis cost is mostly per second, not per snippet: heartbeats, "
+        "and each busy dispatcher's counter flush."
     )
 
 
