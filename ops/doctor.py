@@ -5,20 +5,28 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from codepool.common.errors import ExecutorError
 from codepool.worker import LocalExecutor
 
 # Probes run inside a real snippet, so the report is what a snippet actually meets.
-# Network probes dial listeners doctor itself opens on the host ({port}, {abstract}), so
-# an offline host cannot pass them by accident.
+# Network probes dial listeners doctor itself opens on the host ({port}, {udp_port},
+# {abstract}), so an offline host cannot pass them by accident.
 PROBES: list[tuple[str, str, str]] = [
     (
         "probe: network",
         "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 1)"
         "\n    print('reachable')\nexcept OSError:\n    print('unreachable')",
+        "unreachable",
+    ),
+    (
+        "probe: udp",
+        "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto("
+        "b'x', ('127.0.0.1', {udp_port}))\n    print('sent')\nexcept OSError:\n"
+        "    print('unreachable')",
         "unreachable",
     ),
     (
@@ -48,34 +56,59 @@ PROBES: list[tuple[str, str, str]] = [
 ]
 
 
+@dataclass(frozen=True)
+class HostListeners:
+    """Sockets on the host that no snippet may reach: where they listen, and the UDP
+    socket itself (a datagram leaves no connection to refuse; look for it instead)."""
+
+    tcp_port: int
+    udp_port: int
+    abstract: str
+    udp: socket.socket
+
+    def datagram_arrived(self) -> bool:
+        self.udp.setblocking(False)
+        try:
+            self.udp.recv(64)
+            return True
+        except BlockingIOError:
+            return False
+
+
+@contextlib.contextmanager
+def host_listeners() -> Iterator[HostListeners]:
+    """A TCP listener, a UDP socket and an abstract unix listener on this host."""
+    with contextlib.ExitStack() as stack:
+        tcp = stack.enter_context(socket.socket())
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        udp = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        udp.bind(("127.0.0.1", 0))
+        unix = stack.enter_context(socket.socket(socket.AF_UNIX))
+        abstract = f"\0codepool-listener-{os.getpid()}-{id(unix)}"
+        unix.bind(abstract)
+        unix.listen()
+        yield HostListeners(tcp.getsockname()[1], udp.getsockname()[1], abstract, udp)
+
+
 def diagnose(
     mode: str = "fork", preload: tuple[str, ...] = (), *, allow_weak_isolation: bool = False
 ) -> list[dict[str, Any]]:
     """Start an executor, collect the zygote's report and run the probes. Raises
     ExecutorError where isolation is too weak to run snippets (unless allowed)."""
     lines: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        tcp = stack.enter_context(socket.socket())
-        tcp.bind(("127.0.0.1", 0))
-        tcp.listen()
-        unix = stack.enter_context(socket.socket(socket.AF_UNIX))
-        abstract = f"\0codepool-doctor-{os.getpid()}"
-        unix.bind(abstract)
-        unix.listen()
-        values = {"port": tcp.getsockname()[1], "abstract": abstract}
-        executor = stack.enter_context(
-            LocalExecutor(
-                concurrency=1,
-                mode=mode,
-                preload=preload,
-                allow_weak_isolation=allow_weak_isolation,
-            )
-        )
-        lines.extend(executor.report)
-        for name, code, expected in PROBES:
-            result = executor.run(code.format(**values), timeout_s=10.0)
-            seen = result.stdout.strip() or f"{result.status}: {result.stderr.strip()[-200:]}"
-            lines.append({"name": name, "active": seen == expected, "detail": seen})
+    with host_listeners() as host:
+        values = {"port": host.tcp_port, "udp_port": host.udp_port, "abstract": host.abstract}
+        with LocalExecutor(
+            concurrency=1, mode=mode, preload=preload, allow_weak_isolation=allow_weak_isolation
+        ) as executor:
+            lines.extend(executor.report)
+            for name, code, expected in PROBES:
+                result = executor.run(code.format(**values), timeout_s=10.0)
+                seen = result.stdout.strip() or f"{result.status}: {result.stderr.strip()[-200:]}"
+                if name == "probe: udp" and host.datagram_arrived():
+                    seen = "a datagram reached the host"
+                lines.append({"name": name, "active": seen == expected, "detail": seen})
     return lines
 
 

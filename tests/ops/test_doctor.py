@@ -22,6 +22,7 @@ def test_doctor_cli_reports_every_protection() -> None:
         "processes",
         "landlock",
         "probe: network",
+        "probe: udp",
         "probe: abstract socket",
         "probe: host files",
         "probe: parent",

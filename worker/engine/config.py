@@ -4,7 +4,10 @@ never on a command line, which every local user can read."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -46,11 +49,15 @@ def send_config(process: subprocess.Popen[bytes], config: ZygoteConfig) -> None:
         pass  # it died at once; whoever waits for its hello will say so
 
 
-def read_config() -> ZygoteConfig:
-    """The config on stdin; stdin is then /dev/null, so nothing started later inherits
-    the pipe."""
+def enter(role: str) -> tuple[ZygoteConfig, socket.socket]:
+    """Start of a supervisor's or zygote's main: quiet logging, Ctrl-C left to the
+    owner, SIGTERM a clean exit, the config from stdin (stdin is then /dev/null, so
+    nothing started later inherits the pipe) and the socket to its owner."""
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {role} %(message)s")
     config = ZygoteConfig.from_json(sys.stdin.read())
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    return config
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return config, socket.socket(fileno=config.owner_fd)

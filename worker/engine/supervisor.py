@@ -34,7 +34,7 @@ from codepool.common.observation import decode_tail
 from codepool.common.result import infra, rejected
 from codepool.worker.engine import isolation, leftovers
 from codepool.worker.engine.child import READY
-from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, read_config, send_config
+from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
 from codepool.worker.engine.protocol import FrameReader, encode_frame
 from codepool.worker.engine.reaping import wait_or_kill
 
@@ -456,11 +456,7 @@ def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s supervisor %(message)s")
-    config = read_config()
-    owner = socket.socket(fileno=config.owner_fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    config, owner = enter("supervisor")
     zygote = start_zygote(config)
     if not zygote.state.pidns:
         leftovers.sweep(FALLBACK_PREFIX, b"codepool.worker.engine.supervisor")

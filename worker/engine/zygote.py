@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import gc
 import importlib
-import logging
 import os
-import signal
 import socket
 import sys
 
 from codepool.common import codec
 from codepool.worker.engine import isolation, landlock, linux, runner, seccomp
 from codepool.worker.engine.child import ChildPlan, child_main
-from codepool.worker.engine.config import ZygoteConfig, read_config
+from codepool.worker.engine.config import ZygoteConfig, enter
 from codepool.worker.engine.warmup import warm_up
 
 CLONE_PARENT = 0x00008000
@@ -143,11 +141,7 @@ def _preload(names: list[str]) -> list[dict[str, object]]:
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s zygote %(message)s")
-    config = read_config()
-    control = socket.socket(fileno=config.owner_fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    config, control = enter("zygote")
     if not linux.clone_supported():
         sys.exit("codepool: the zygote needs clone(2) flags, unsupported on this CPU")
     serve(config, control)
