@@ -30,32 +30,26 @@ pytestmark = pytest.mark.skipif(
 
 # Run by the user: start an executor, try each hostile case, print what happened.
 DRIVER = r"""
-import json, os, socket, sys
+import contextlib, json, os, sys
+from codepool.ops.doctor import host_listeners
 from codepool.worker import LocalExecutor
 
 namespaces, secret_path = sys.argv[1] in ("ns", "ns-no-landlock"), sys.argv[2]
 landlock = sys.argv[1] != "ns-no-landlock"
 os.environ["CODEPOOL_TEST_SECRET"] = "hunter2"
-udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-udp.bind(("127.0.0.1", 0))
-udp.settimeout(0.5)
-tcp = socket.socket()
-tcp.bind(("127.0.0.1", 0))
-tcp.listen()
-unix = socket.socket(socket.AF_UNIX)
-abstract = "\0codepool-rootless-%d" % os.getpid()
-unix.bind(abstract)
-unix.listen()
+stack = contextlib.ExitStack()  # held: the listeners live as long as the driver
+host = stack.enter_context(host_listeners())
 cases = {
     "identity": "import os\nstatus = open('/proc/self/status').read().splitlines()\n"
     "caps = {l.split(':')[0]: int(l.split()[1], 16) for l in status if l.startswith('Cap')}\n"
     "print(os.getuid(), os.geteuid(), caps['CapEff'], caps['CapPrm'], caps['CapAmb'])",
     "home": "print(open(%r).read())" % secret_path,
     "tcp": "import socket\nsocket.create_connection(('127.0.0.1', %d), 1)\nprint('x')"
-    % tcp.getsockname()[1],
+    % host.tcp_port,
     "udp": "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', "
-    "('127.0.0.1', %d))\nprint('x')" % udp.getsockname()[1],
-    "abstract": "import socket\nsocket.socket(socket.AF_UNIX).connect(%r)\nprint('x')" % abstract,
+    "('127.0.0.1', %d))\nprint('x')" % host.udp_port,
+    "abstract": "import socket\nsocket.socket(socket.AF_UNIX).connect(%r)\nprint('x')"
+    % host.abstract,
     "environ": "import os\nseen = []\nfor p in os.listdir('/proc'):\n    try:\n"
     "        seen.append(open('/proc/%s/environ' % p, 'rb').read())\n    except OSError:\n"
     "        pass\nprint(any(b'hunter2' in s for s in seen))",
@@ -81,10 +75,7 @@ with LocalExecutor(concurrency=1, preload=(), namespaces=namespaces, landlock=la
         out[name] = [r.status, r.stdout.strip(), r.stderr.strip()[-300:]]
     out["after"] = ex.run("print('still serving')").stdout.strip()
     out["report-detail"] = {l["name"]: l["detail"] for l in ex.report}
-try:
-    out["datagram"] = udp.recv(16).decode()
-except OSError:
-    out["datagram"] = ""
+out["datagram"] = host.datagram_arrived()
 print(json.dumps(out))
 """
 
@@ -183,7 +174,7 @@ def test_a_non_root_worker_holds_against_hostile_snippets(
     # signals without one), and so is everything else of the worker user's: the driver
     # that started the executor lived on to print this, and the executor still serves.
     assert out["after"] == "still serving", "kill(getppid()) or kill(-1) reached the worker"
-    assert out["datagram"] == "", "a datagram reached the host"
+    assert out["datagram"] is False, "a datagram reached the host"
     if namespaces:
         assert out["fork-bomb"][0] == "timeout"  # type: ignore[index]
         assert out["after-bomb"][:2] == ["ok", "thread"], out["after-bomb"]  # type: ignore[index]
