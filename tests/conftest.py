@@ -27,6 +27,14 @@ def executor(request: pytest.FixtureRequest) -> Iterator[LocalExecutor]:
         yield ex
 
 
+def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
+    """Poll ``check`` until it holds; fail, naming ``what``, after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not met within {timeout_s} s: {what or check}"
+        time.sleep(0.02)
+
+
 def processes_of(uids: range, *, except_children_of: int = 0) -> list[str]:
     """Command lines of live processes running as any of ``uids``.
 

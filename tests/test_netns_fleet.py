@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
 
 from codepool.ops.netns import Fleet, NetnsError, netns_available
+from tests.conftest import wait_until
 
 # Dials Redis from inside a host namespace and SETs a key: exit 0 only if that worked.
 SET_KEY = """
@@ -58,12 +58,6 @@ def process_state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):
         return None
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    # No deadline here: the per-test timeout turns a hang into a failure.
-    while not condition():
-        time.sleep(0.01)
 
 
 def root_link_names() -> set[str]:

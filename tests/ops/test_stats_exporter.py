@@ -19,20 +19,13 @@ from codepool.common.settings import Settings
 from codepool.ops import exporter, stats
 from codepool.ops.redis_server import free_port
 from codepool.producer import CodePool
-from tests.conftest import WorkerProcess
+from tests.conftest import WorkerProcess, wait_until
 
 StartWorker = Callable[..., WorkerProcess]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 CODES = ["print(1)"] * 3 + ["1/0", "while True: pass"]
 EXPECTED = {"calls": 5, "ok": 3, "error": 1, "timeout": 1}
-
-
-def _wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def _run_mixed_batch(redis_url: str, start_worker: StartWorker) -> str:
@@ -54,7 +47,7 @@ def _run_mixed_batch(redis_url: str, start_worker: StartWorker) -> str:
             for key in hashes
         )
 
-    _wait_until(flushed)
+    wait_until(flushed)
     client.close()
     return worker.name
 

@@ -16,16 +16,9 @@ from rq.registry import FinishedJobRegistry
 from codepool.common.codec import MsgpackSerializer, decode_result
 from codepool.common.keys import Keys
 from codepool.producer import CodePool, RemoteSandbox
-from tests.conftest import WorkerProcess, command_lines, wait_for_dispatchers
+from tests.conftest import WorkerProcess, command_lines, wait_for_dispatchers, wait_until
 
 StartWorker = Callable[..., WorkerProcess]
-
-
-def _wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_results_come_back_in_input_order(redis_url: str, start_worker: StartWorker) -> None:
@@ -76,7 +69,7 @@ def test_stats_counters_equal_what_ran(redis_url: str, start_worker: StartWorker
         got = pool.counters(run="exp-stats")
         return all(got.get(k, 0) == v for k, v in expected.items())
 
-    _wait_until(counted, timeout_s=10)
+    wait_until(counted, timeout_s=10)
     assert {k: pool.counters().get(k, 0) for k in expected} == expected
     metrics = pool.metrics(run="exp-stats")
     assert metrics["sandbox/success_rate"] == 3 / 7
@@ -103,7 +96,7 @@ def test_every_per_batch_key_expires(redis_url: str, start_worker: StartWorker) 
     assert per_batch and all(client.ttl(k) > 0 for k in per_batch)
     # RQ's own records of the batch's announcements expire too (short result TTL).
     finished = FinishedJobRegistry("codepool", connection=client, serializer=MsgpackSerializer)
-    _wait_until(lambda: any(j.startswith(batch.id) for j in finished.get_job_ids()))
+    wait_until(lambda: any(j.startswith(batch.id) for j in finished.get_job_ids()))
     announcements = [j for j in finished.get_job_ids() if j.startswith(batch.id)]
     for job_id in announcements:
         job = Job.fetch(job_id, connection=client, serializer=MsgpackSerializer)
@@ -123,7 +116,7 @@ def test_a_job_naming_another_function_is_refused(
     client = redis.Redis.from_url(redis_url)
     queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
     job = queue.enqueue("os.system", f"touch {marker}")
-    _wait_until(lambda: job.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
+    wait_until(lambda: job.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
     assert not os.path.exists(marker)
     assert "refusing job" in worker.log() and "os.system" in worker.log()
     pool = CodePool(redis_url)
@@ -156,7 +149,7 @@ def test_no_pickle_anywhere_in_redis(redis_url: str, start_worker: StartWorker) 
     client = redis.Redis.from_url(redis_url)
     queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
     refused = queue.enqueue("os.getcwd")
-    _wait_until(lambda: refused.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
+    wait_until(lambda: refused.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
     time.sleep(1.2)  # let the stats flush
     values: list[bytes] = []
     for key in client.scan_iter():

@@ -127,17 +127,36 @@ def _read_request() -> tuple[bytes, Limits] | None:
             return message["code"], codec.decode_limits(message["limits"])
 
 
-def _nproc_headroom(plan: ChildPlan) -> int | None:
-    """What RLIMIT_NPROC adds to ``max_procs``, or None where it would count the worker
-    user's own processes too (no uid of its own, no user namespace)."""
+def _nproc_headroom(plan: ChildPlan) -> int:
+    """What RLIMIT_NPROC adds to ``max_procs``: the tasks that count against the same
+    limit but are not the snippet's."""
     if plan.uid is not None:
         return 0  # a uid of its own: counted per snippet
     if plan.state.userns:
         return plan.nproc_headroom  # counted per uid inside the user namespace only
-    return None
+    # The worker user's own uid, shared with the worker and whatever else that user runs:
+    # counted now, as the snippet starts, so the snippet gets ``max_procs`` beyond it.
+    return uid_tasks(os.getuid())
 
 
-def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, nproc_headroom: int | None) -> None:
+def uid_tasks(uid: int) -> int:
+    """Tasks (threads included, as the kernel counts them for RLIMIT_NPROC) of ``uid``:
+    one stat per process, since /proc/PID/task is owned by the task's uid and links one
+    entry per thread. A non-dumpable process shows as root's and is missed, which only
+    makes the snippet's limit tighter."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                tasks = os.stat(f"/proc/{name}/task")
+            except OSError:
+                continue  # gone meanwhile
+            if tasks.st_uid == uid:
+                count += max(tasks.st_nlink - 2, 1)
+    return count
+
+
+def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, nproc_headroom: int) -> None:
     cpu_s = math.ceil(limits.effective_cpu_s)
     address_space = vm_baseline_bytes + (limits.memory_mb << 20)
     file_bytes = limits.max_file_mb << 20
@@ -146,10 +165,9 @@ def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, nproc_headroom: int
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if nproc_headroom is not None:
-        # Counted per uid (in the user namespace, when there is one).
-        nproc = limits.max_procs + nproc_headroom
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    # Counted per uid (in the user namespace, when there is one).
+    nproc = limits.max_procs + nproc_headroom
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
 def _drop_privileges(uid: int) -> None:

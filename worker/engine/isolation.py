@@ -249,8 +249,9 @@ def setup_zygote(*, namespaces: bool = True) -> IsolationState:
         state.note(
             "processes",
             False,
-            "no PID namespace and no separate uid: the process group is killed, but "
-            "setsid daemons may escape and files in /tmp survive",
+            "no PID namespace and no separate uid: what a snippet starts is killed with "
+            "its process group, which seccomp keeps it in (no setsid, no setpgid); "
+            "the executor is visible",
         )
     state.note("rlimits", True, "CPU, address space, file size, open files, core")
     if state.separate_uid:
@@ -265,9 +266,10 @@ def setup_zygote(*, namespaces: bool = True) -> IsolationState:
     else:
         state.note(
             "process limit",
-            False,
-            "none per snippet: without a uid of its own or a user namespace, RLIMIT_NPROC "
-            "would count the worker user's own processes (a fork bomb runs until its timeout)",
+            True,
+            "RLIMIT_NPROC on the worker user's own uid, set as each snippet starts to that "
+            "user's task count plus max_procs: a fork bomb is capped, and starves at most "
+            "the snippets starting beside it, never the worker",
         )
     state.note("environment", True, "allow-list only")
     state.note("file descriptors", True, "all closed but stdio")

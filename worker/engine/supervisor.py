@@ -269,6 +269,10 @@ class Supervisor:
             self._request_clone()
 
     def _on_child_exit(self, child: Child) -> None:
+        if not self.state.pidns:
+            # What it started dies with it: its process group, killed while the unreaped
+            # child still holds the group's id (so the id cannot name anyone else's).
+            _kill(-child.pid, group=False)
         _, status, rusage = os.wait4(child.pid, 0)
         ended = time.monotonic()
         self.selector.unregister(child.pidfd)
