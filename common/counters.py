@@ -10,7 +10,9 @@ from codepool.common.result import STATUSES, ExecResult
 # percentiles from integer counters alone. Upper edges in ms; the last bucket is +Inf.
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 BUCKET_FIELDS = (*(f"latency_le_{ms}ms" for ms in LATENCY_BUCKETS_MS), "latency_le_inf")
-FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us", *BUCKET_FIELDS)
+# Snippets each zygote ran (fork mode), so operators see the light/heavy mix.
+ZYGOTE_FIELDS = ("zygote_light", "zygote_heavy")
+FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us", *BUCKET_FIELDS, *ZYGOTE_FIELDS)
 
 
 def bucket_field(latency_ms: float) -> str:
@@ -20,9 +22,15 @@ def bucket_field(latency_ms: float) -> str:
     return BUCKET_FIELDS[-1]
 
 
+def zygote_field(result: ExecResult) -> str:
+    """The zygote counter a result adds to, or "" (spawn mode, or it never ran)."""
+    field = f"zygote_{result.zygote}"
+    return field if field in ZYGOTE_FIELDS else ""
+
+
 def count(result: ExecResult) -> dict[str, int]:
     """The counter increments one result contributes."""
-    return {
+    out = {
         "calls": 1,
         result.status: 1,
         "latency_us": int(result.latency * 1e6),
@@ -30,17 +38,22 @@ def count(result: ExecResult) -> dict[str, int]:
         "queue_us": int(result.queue_s * 1e6),
         bucket_field(result.latency * 1e3): 1,
     }
+    if zygote := zygote_field(result):
+        out[zygote] = 1
+    return out
 
 
-def terms(result: ExecResult) -> tuple[str, int, int, int, str]:
+def terms(result: ExecResult) -> tuple[str, int, int, int, str, str]:
     """What the Redis-side counter (``ledger.COUNT``) adds up for one result: status,
-    latency_us, exec_us, queue_us and the latency bucket; the same sums as ``count``."""
+    latency_us, exec_us, queue_us, the latency bucket and the zygote field ("" for
+    none); the same sums as ``count``."""
     return (
         result.status,
         int(result.latency * 1e6),
         int(result.exec_s * 1e6),
         int(result.queue_s * 1e6),
         bucket_field(result.latency * 1e3),
+        zygote_field(result),
     )
 
 
@@ -88,6 +101,7 @@ def metrics(counters: Mapping[str, int]) -> dict[str, float]:
     out["sandbox/latency"] = counters.get("latency_us", 0) / 1e6 / calls
     out["sandbox/exec_time"] = counters.get("exec_us", 0) / 1e6 / calls
     out["sandbox/queue_time"] = counters.get("queue_us", 0) / 1e6 / calls
+    out["sandbox/light_zygote_share"] = counters.get("zygote_light", 0) / calls
     return out
 
 

@@ -168,8 +168,9 @@ return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4
 
 # KEYS: owner_batches, the counter hashes (H of them), then one counted bitmap per batch.
 # ARGV: bitmap_ttl_s, minute_ttl_s, H, then per batch: batch_id, done ('1': SREM it from
-# owner_batches), R, then six per result: index, status, latency_us, exec_us, queue_us,
-# latency bucket field. The minute hash is the second counter hash (its TTL is set).
+# owner_batches), R, then seven per result: index, status, latency_us, exec_us, queue_us,
+# latency bucket field, zygote field ('' for none). The minute hash is the second counter
+# hash (its TTL is set).
 # Only indices whose bit is clear are counted; so a flush may be retried, or a janitor
 # count what a dead dispatcher never flushed, without counting anything twice. The sums
 # of all batches go to the hashes once.
@@ -184,11 +185,11 @@ for b = 1, #KEYS - 1 - nhashes do
   if nres > 0 then
     local get, seen, set = {}, {}, {}
     for r = 0, nres - 1 do
-      get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = '#' .. ARGV[p + 6 * r]
+      get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = '#' .. ARGV[p + 7 * r]
     end
     local bits = redis.call('BITFIELD', bitmap, unpack(get))
     for r = 0, nres - 1 do
-      local q = p + 6 * r
+      local q = p + 7 * r
       if bits[r + 1] == 0 and not seen[ARGV[q]] then
         seen[ARGV[q]] = true
         counted = counted + 1
@@ -196,6 +197,7 @@ for b = 1, #KEYS - 1 - nhashes do
         add('latency_us', tonumber(ARGV[q + 2]))
         add('exec_us', tonumber(ARGV[q + 3]))
         add('queue_us', tonumber(ARGV[q + 4]))
+        if ARGV[q + 6] ~= '' then add(ARGV[q + 6], 1) end
         set[#set + 1] = 'SET'; set[#set + 1] = 'u1'; set[#set + 1] = '#' .. ARGV[q]
         set[#set + 1] = 1
       end
@@ -204,7 +206,7 @@ for b = 1, #KEYS - 1 - nhashes do
       redis.call('BITFIELD', bitmap, unpack(set))
       redis.call('EXPIRE', bitmap, ARGV[1])
     end
-    p = p + 6 * nres
+    p = p + 7 * nres
   end
   if done == '1' then redis.call('SREM', KEYS[1], batch_id) end
 end

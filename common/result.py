@@ -33,6 +33,7 @@ class ExecResult:
     cpu_s: float = 0.0
     max_rss_kb: int = 0
     worker: str = ""
+    zygote: str = ""  # fork mode: "light" or "heavy", the zygote that cloned the child
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

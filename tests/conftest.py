@@ -78,7 +78,7 @@ def waiting_children(executor: LocalExecutor) -> list[int]:
     """The supervisor's children other than the zygote: the snippets' processes."""
     pid = executor.supervisor_pid
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(child) for child in f.read().split() if int(child) != executor.zygote_pid]
+        return [int(child) for child in f.read().split() if int(child) not in executor.zygote_pids]
 
 
 def files_of(uids: range, supervisor_pid: int) -> list[str]:
@@ -100,8 +100,8 @@ def files_of(uids: range, supervisor_pid: int) -> list[str]:
 def assert_nothing_left(executor: LocalExecutor) -> None:
     """No process and no file of any snippet outlives it (checked on the host)."""
     assert executor.snippet_uids, "the suite runs as root: snippets must get their own uids"
-    # Between snippets the only children left are the (at most two) waiting for the next.
-    assert len(waiting_children(executor)) <= 2
+    # Between snippets the only children left are the (at most two per zygote) waiting.
+    assert len(waiting_children(executor)) <= 2 * len(executor.zygote_pids)
     assert processes_of(executor.snippet_uids, except_children_of=executor.supervisor_pid) == []
     assert files_of(executor.snippet_uids, executor.supervisor_pid) == []
 

@@ -184,7 +184,10 @@ def _reseed() -> None:
     # `random` reseeds itself in Python's after-fork hook; numpy does not.
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
-        numpy_random.seed()
+        # A full MT19937 key from the kernel: seed() without one costs several times
+        # more (it runs SeedSequence in Python), and every child pays it.
+        key = sys.modules["numpy"].frombuffer(os.urandom(2496), dtype="uint32")
+        numpy_random.seed(key)
 
 
 def _exec_interpreter(code: bytes, auto_print: bool, env: dict[str, str]) -> NoReturn:

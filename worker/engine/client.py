@@ -61,6 +61,7 @@ class ZygoteClient:
         self.report: list[dict[str, Any]] = []
         self.supervisor_pid = 0  # serves requests; every snippet is its child
         self.zygote_pid = 0  # the preloaded process that clones them
+        self.zygote_pids: list[int] = []  # and the light one, when there is one
         self.concurrency = 0
         self.snippet_uids: range = range(0)  # uids snippets run as (empty: worker's own)
         self.restarts = 0
@@ -166,6 +167,7 @@ class ZygoteClient:
         self.report = list(hello["report"])
         self.supervisor_pid = int(hello["pid"])
         self.zygote_pid = int(hello["zygote_pid"])
+        self.zygote_pids = [int(pid) for pid in hello["zygote_pids"]]
         self.concurrency = int(hello["concurrency"])
         uids = hello.get("uids")
         self.snippet_uids = range(uids[0], uids[1]) if uids else range(0)

@@ -28,6 +28,7 @@ class ZygoteConfig:
     env: dict[str, str] = field(default_factory=dict)
     namespaces: bool = True
     landlock: bool = True  # the second layer; off only to measure what it costs
+    light_zygote: bool = True  # fork mode: plain snippets fork from a zygote without preload
     owner_fd: int = -1
     listen_fd: int = -1  # optional: more clients (the worker's dispatchers) connect here
 

@@ -74,6 +74,9 @@ class LocalExecutor(ZygoteClient):
     landlock: the second isolation layer in every child (Landlock: files, TCP, signal
         and abstract-socket scope; seccomp: socket families and dangerous syscalls);
         turn it off only to measure what it costs.
+    light_zygote: in fork mode with a preload, snippets whose imports are all in the
+        standard library fork from a second zygote that preloads nothing (much cheaper
+        per snippet; ExecResult.zygote says which ran); off only to measure the gain.
     allow_weak_isolation: run even where neither a PID namespace nor Landlock is to be
         had (snippets could then signal the worker's processes and reach its files);
         without it such an executor refuses to start, naming what is missing.
@@ -94,6 +97,7 @@ class LocalExecutor(ZygoteClient):
         uid_base: int | None = None,
         namespaces: bool = True,
         landlock: bool = True,
+        light_zygote: bool = True,
         allow_weak_isolation: bool = False,
         listen_path: str | None = None,
         name: str | None = None,
@@ -117,6 +121,7 @@ class LocalExecutor(ZygoteClient):
             env=self._env,
             namespaces=namespaces,
             landlock=landlock,
+            light_zygote=light_zygote,
         )
         self._process: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None

@@ -32,7 +32,7 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.observation import decode_tail
 from codepool.common.result import infra, rejected
-from codepool.worker.engine import isolation, leftovers
+from codepool.worker.engine import isolation, leftovers, routing
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
 from codepool.worker.engine.protocol import FrameReader, encode_frame
@@ -60,6 +60,7 @@ class Request:
     code: bytes
     limits: Limits
     received: float
+    kind: str  # the zygote it goes to
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Child:
     err_fd: int
     slot: int
     fallback_dir: str | None
+    kind: str  # which zygote cloned it (routing.LIGHT or routing.HEAVY)
     request: Request | None = None
     started: float = 0.0
     deadline: float | None = None
@@ -81,34 +83,37 @@ class Supervisor:
     def __init__(
         self,
         config: ZygoteConfig,
-        zygote: ZygoteHandle,
+        zygotes: dict[str, ZygoteHandle],
         owner: socket.socket,
     ) -> None:
         self.config = config
-        self.zygote = zygote
-        self.state = zygote.state
-        self.report = zygote.report
+        self.zygotes = zygotes
+        self.zygote = zygotes[routing.HEAVY]
+        self.state = self.zygote.state
+        self.report = self.zygote.report
+        self.router = routing.Router(config.preload) if routing.LIGHT in zygotes else None
         self.selector = selectors.DefaultSelector()
         self.queue: collections.deque[Request] = collections.deque()
         self.running: dict[int, Child] = {}
-        self.warm_children: collections.deque[Child] = collections.deque()
-        # One uid per slot: running ones plus the (up to two) waiting ones. Without a PID
+        self.warm_children = {kind: collections.deque[Child]() for kind in zygotes}
+        self.cloning = {kind: collections.deque[Child]() for kind in zygotes}  # asked, no pid yet
+        # One uid per slot: running ones plus the (up to two per zygote) waiting ones. Without a PID
         # namespace, what a snippet leaves (killed, but not yet reaped by init) still counts
         # against its uid's process limit: there the uids rotate through a whole block, so
         # a fork bomb's remains are long gone when its uid comes round again.
-        slots = config.concurrency + 2
+        slots = config.concurrency + 2 * len(zygotes)
         if not self.state.pidns and self.state.separate_uid:
             slots = max(slots, UID_BLOCK)
         self.free_slots = collections.deque(range(slots))
         self.uid_slots = slots
         self.uid_base = config.uid_base or 200_000 + (os.getpid() % 100_000) * UID_BLOCK
-        self.cloning: collections.deque[Child] = collections.deque()  # asked, no pid yet
         self.stopping = False
         # Cleared when a waiting child dies during setup, so a host that refuses our
         # setup does not spin cloning children nobody asked for.
         self.prefork = True
         self._add_client(owner, owner=True)
-        self.selector.register(zygote.sock, selectors.EVENT_READ, ("zygote", None))
+        for kind, zygote in zygotes.items():
+            self.selector.register(zygote.sock, selectors.EVENT_READ, ("zygote", kind))
         if config.listen_fd >= 0:
             self.listener: socket.socket | None = socket.socket(fileno=config.listen_fd)
             self.listener.set_inheritable(False)
@@ -127,6 +132,7 @@ class Supervisor:
                 "t": "hello",
                 "pid": os.getpid(),
                 "zygote_pid": self.zygote.pid,
+                "zygote_pids": [zygote.pid for zygote in self.zygotes.values()],
                 "report": self.report,
                 "mode": self.config.mode,
                 "concurrency": self.config.concurrency,
@@ -204,12 +210,13 @@ class Supervisor:
                 ),
             )
             return
-        self.queue.append(Request(client, request_id, code, limits, now))
+        kind = routing.HEAVY if self.router is None else self.router.kind(code)
+        self.queue.append(Request(client, request_id, code, limits, now, kind))
 
     # -- children ------------------------------------------------------------------
 
-    def _request_clone(self) -> None:
-        """Ask the zygote for one more waiting child; it arrives in _on_zygote."""
+    def _request_clone(self, kind: str) -> None:
+        """Ask a zygote for one more waiting child; it arrives in _on_zygote."""
         slot = self.free_slots.popleft()
         uid = self.uid_base + slot if self.state.separate_uid else None
         fallback_dir = None
@@ -221,32 +228,41 @@ class Supervisor:
         out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
         err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
         header = codec.dumps({"uid": uid, "fallback_dir": fallback_dir})
-        socket.send_fds(self.zygote.sock, [header], [child_sock.fileno(), out_fd, err_fd])
+        fds = [child_sock.fileno(), out_fd, err_fd]
+        socket.send_fds(self.zygotes[kind].sock, [header], fds)
         child_sock.close()
-        self.cloning.append(Child(0, -1, parent_sock, out_fd, err_fd, slot, fallback_dir))
+        child = Child(0, -1, parent_sock, out_fd, err_fd, slot, fallback_dir, kind)
+        self.cloning[kind].append(child)
 
-    def _on_zygote(self) -> None:
+    def _on_zygote(self, kind: str) -> None:
         try:
-            reply = self.zygote.sock.recv(4096)
+            reply = self.zygotes[kind].sock.recv(4096)
         except OSError:
             reply = b""
         if not reply:
-            log.error("the zygote exited; stopping so the executor restarts both")
+            log.error("the %s zygote exited; stopping so the executor restarts all", kind)
             self.stopping = True
             return
         pid = int(codec.loads(reply)["pid"])
-        child = self.cloning.popleft()
+        child = self.cloning[kind].popleft()
         child.pid = pid
         child.pidfd = os.pidfd_open(pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, ("child", child))
-        self.warm_children.append(child)
+        self.warm_children[kind].append(child)
 
     def _dispatch(self) -> None:
-        while self.queue and len(self.running) < self.config.concurrency and self.warm_children:
-            request = self.queue.popleft()
+        # In arrival order: a snippet whose zygote has no child waiting holds the ones
+        # behind it only as long as one clone takes.
+        while self.queue and len(self.running) < self.config.concurrency:
+            request = self.queue[0]
             if request.client is None:
+                self.queue.popleft()
                 continue
-            child = self.warm_children.popleft()
+            warm = self.warm_children[request.kind]
+            if not warm:
+                break
+            self.queue.popleft()
+            child = warm.popleft()
             child.request = request
             try:
                 child.sock.sendall(
@@ -262,11 +278,13 @@ class Supervisor:
         # Two children wait ready when idle or busy; while a lone snippet runs, one is
         # enough, and cloning the second waits until it ends, so neither the clone nor
         # the new child's setup competes with the snippet for the CPU.
-        wanted = 1 if self.running and not self.queue else 2
-        if not self.prefork:  # children die in setup here: clone only on demand
-            wanted = 1 if self.queue and len(self.running) < self.config.concurrency else 0
-        while len(self.warm_children) + len(self.cloning) < wanted and self.free_slots:
-            self._request_clone()
+        for kind, warm in self.warm_children.items():
+            wanted = 1 if self.running and not self.queue else 2
+            if not self.prefork:  # children die in setup here: clone only on demand
+                needed = self.queue and self.queue[0].kind == kind
+                wanted = 1 if needed and len(self.running) < self.config.concurrency else 0
+            while len(warm) + len(self.cloning[kind]) < wanted and self.free_slots:
+                self._request_clone(kind)
 
     def _on_child_exit(self, child: Child) -> None:
         if not self.state.pidns:
@@ -283,8 +301,8 @@ class Supervisor:
             ready = False
         child.sock.close()
         self.running.pop(child.pid, None)
-        if child in self.warm_children:
-            self.warm_children.remove(child)
+        if child in self.warm_children[child.kind]:
+            self.warm_children[child.kind].remove(child)
             self.prefork = False
             log.error(
                 "a waiting child died before use (status %d): %s",
@@ -294,6 +312,8 @@ class Supervisor:
         elif child.request is not None and child.request.client is not None:
             self.prefork = self.prefork or ready
             result = _result(child, status, rusage, ended, ready)
+            if self.config.mode == "fork":
+                result["zygote"] = child.kind
             self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
         os.close(child.out_fd)
         os.close(child.err_fd)
@@ -334,14 +354,15 @@ class Supervisor:
                     elif kind == "listener":
                         self._accept()
                     elif kind == "zygote":
-                        self._on_zygote()
+                        self._on_zygote(obj)
                     else:
                         self._on_child_exit(obj)
         finally:
             self.shutdown()
 
     def shutdown(self) -> None:
-        children = list(self.running.values()) + list(self.warm_children)
+        children = list(self.running.values())
+        children += [child for warm in self.warm_children.values() for child in warm]
         for child in children:
             _kill(child.pid, group=not self.state.pidns)
         for child in children:
@@ -350,7 +371,8 @@ class Supervisor:
             except ChildProcessError:
                 pass
             self._clean_up_after(child)
-        for child in self.cloning:  # asked for, never arrived: only its dir exists
+        cloning = [child for queued in self.cloning.values() for child in queued]
+        for child in cloning:  # asked for, never arrived: only its dir exists
             if child.fallback_dir is not None:
                 shutil.rmtree(child.fallback_dir, ignore_errors=True)
 
@@ -436,7 +458,8 @@ class ZygoteHandle:
     report: list[dict[str, object]]
 
 
-def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle:
+def launch_zygote(config: ZygoteConfig) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start a zygote; its hello is awaited by ``await_zygote`` (so two start at once)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     zygote_config = dataclasses.replace(config, owner_fd=theirs.fileno(), listen_fd=-1)
     process = subprocess.Popen(
@@ -446,6 +469,13 @@ def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle
     )
     send_config(process, zygote_config)
     theirs.close()
+    return process, ours
+
+
+def await_zygote(
+    launched: tuple[subprocess.Popen[bytes], socket.socket], timeout_s: float = 300.0
+) -> ZygoteHandle:
+    process, ours = launched
     ours.settimeout(timeout_s)
     try:
         hello = codec.loads(ours.recv(1 << 20))
@@ -459,16 +489,39 @@ def start_zygote(config: ZygoteConfig, timeout_s: float = 300.0) -> ZygoteHandle
     return ZygoteHandle(process, ours, hello["pid"], state, hello["report"])
 
 
+def start_zygotes(config: ZygoteConfig) -> dict[str, ZygoteHandle]:
+    """The heavy zygote (it preloads), and in fork mode with a preload a light one for
+    snippets that import none of it (see routing)."""
+    heavy = launch_zygote(config)
+    light = None
+    if config.mode == "fork" and config.preload and config.light_zygote:
+        light = launch_zygote(dataclasses.replace(config, preload=[]))
+    zygotes = {routing.HEAVY: await_zygote(heavy)}
+    if light is not None:
+        zygotes[routing.LIGHT] = await_zygote(light)
+        zygotes[routing.HEAVY].report.append(
+            {
+                "name": "zygotes",
+                "active": True,  # a speed-up, not a protection
+                "detail": "a light one (no preload) for snippets whose imports are all in "
+                "the standard library, the heavy one for the rest",
+            }
+        )
+    return zygotes
+
+
 def main(argv: list[str]) -> None:
     config, owner = enter("supervisor")
-    zygote = start_zygote(config)
-    if not zygote.state.pidns:
+    zygotes = start_zygotes(config)
+    if not zygotes[routing.HEAVY].state.pidns:
         leftovers.sweep(FALLBACK_PREFIX, b"codepool.worker.engine.supervisor")
     try:
-        Supervisor(config, zygote, owner).serve()
+        Supervisor(config, zygotes, owner).serve()
     finally:
-        zygote.sock.close()
-        wait_or_kill(zygote.process)
+        for zygote in zygotes.values():
+            zygote.sock.close()
+        for zygote in zygotes.values():
+            wait_or_kill(zygote.process)
 
 
 if __name__ == "__main__":
