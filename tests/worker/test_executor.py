@@ -173,6 +173,28 @@ def test_no_network_even_to_the_host(executor: LocalExecutor) -> None:
     assert_nothing_left(executor)
 
 
+def test_threads_and_forks_work_in_a_child(executor: LocalExecutor) -> None:
+    """The zygote forks without Python's at-fork hooks: threading, locks, a fork and the
+    interpreter's exit (which joins non-daemon threads) must still behave."""
+    code = (
+        "import os, threading, queue\n"
+        "q = queue.Queue()\n"
+        "ts = [threading.Thread(target=q.put, args=(i,)) for i in range(4)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "late = threading.Thread(target=lambda: print('late'))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(7)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(sorted(q.queue), os.waitstatus_to_exitcode(status),\n"
+        "      threading.current_thread() is threading.main_thread())\n"
+        "late.start()"
+    )
+    r = executor.run(code, timeout_s=10.0)
+    assert (r.status, r.stdout) == ("ok", "[0, 1, 2, 3] 7 True\nlate\n"), r.stderr
+    assert_nothing_left(executor)
+
+
 def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
     code = "import random\nprint(random.random())"
     assert executor.run(code).stdout != executor.run(code).stdout

@@ -18,10 +18,9 @@ import traceback
 from dataclasses import dataclass
 from typing import NoReturn
 
-from codepool.common import codec
 from codepool.common.limits import Limits
 from codepool.worker.engine import isolation, landlock, linux, runner, seccomp
-from codepool.worker.engine.protocol import FrameReader
+from codepool.worker.engine.protocol import FrameReader, encode_frame
 
 REQUEST_FD = 3
 READY = b"R"
@@ -46,6 +45,8 @@ class ChildPlan:
     # Processes of the snippet's uid that are not its own but count against its limit:
     # in a rootless user namespace the zygote and its other children share the uid.
     nproc_headroom: int = 0
+    # The zygote's own environment is the snippets' (compared once, not per child).
+    env_in_place: bool = False
 
 
 def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> NoReturn:
@@ -63,7 +64,7 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
             linux.drop_capabilities()  # a user namespace's owner holds them all
         _reseed()
         env = plan.env if plan.state.pidns else {**plan.env, "HOME": cwd, "TMPDIR": cwd}
-        if os.environ != env:  # the zygote was normally started with exactly this
+        if not plan.env_in_place:  # normally the zygote was started with exactly ``env``
             os.environ.clear()
             os.environ.update(env)
         os.chdir(cwd)
@@ -73,18 +74,17 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)
-        code, limits = request
-        _apply_limits(limits, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
+        _apply_limits(request, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
         os.write(REQUEST_FD, READY)
         if plan.mode == "spawn":
-            _exec_interpreter(code, limits.auto_print, env)
+            _exec_interpreter(request.code, request.auto_print, env)
         os.close(REQUEST_FD)
     except BaseException:
         try:
             os.write(2, traceback.format_exc().encode("utf-8", "replace"))
         finally:
             os._exit(SETUP_FAILED_EXIT)
-    runner.run_snippet(code, auto_print=limits.auto_print)
+    runner.run_snippet(request.code, auto_print=request.auto_print)
 
 
 def _restrict(plan: ChildPlan, cwd: str) -> None:
@@ -115,7 +115,27 @@ def _arrange_fds(request_fd: int, out_fd: int, err_fd: int, *, keep: range) -> N
         os.closerange(keep.stop, top)
 
 
-def _read_request() -> tuple[bytes, Limits] | None:
+@dataclass(frozen=True)
+class Request:
+    """What the supervisor sends a waiting child: the source and its limits, already
+    checked and reduced to what the child applies (no Limits to decode here: every
+    object a child touches is a page it copies)."""
+
+    code: bytes
+    auto_print: bool
+    cpu_s: int
+    memory_mb: int
+    max_file_mb: int
+    max_procs: int
+
+    @classmethod
+    def encode(cls, code: bytes, limits: Limits) -> bytes:
+        cpu_s = math.ceil(limits.effective_cpu_s)
+        fields = [code, limits.auto_print, cpu_s, limits.memory_mb, limits.max_file_mb]
+        return encode_frame({"r": [*fields, limits.max_procs]})
+
+
+def _read_request() -> Request | None:
     reader = FrameReader()
     while True:
         data = os.read(REQUEST_FD, 1 << 20)
@@ -123,8 +143,7 @@ def _read_request() -> tuple[bytes, Limits] | None:
             return None
         messages = reader.feed(data)
         if messages:
-            message = messages[0]
-            return message["code"], codec.decode_limits(message["limits"])
+            return Request(*messages[0]["r"])
 
 
 def _nproc_headroom(plan: ChildPlan) -> int:
@@ -156,8 +175,8 @@ def uid_tasks(uid: int) -> int:
     return count
 
 
-def _apply_limits(limits: Limits, vm_baseline_bytes: int, *, nproc_headroom: int) -> None:
-    cpu_s = math.ceil(limits.effective_cpu_s)
+def _apply_limits(limits: Request, vm_baseline_bytes: int, *, nproc_headroom: int) -> None:
+    cpu_s = limits.cpu_s
     address_space = vm_baseline_bytes + (limits.memory_mb << 20)
     file_bytes = limits.max_file_mb << 20
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
@@ -181,7 +200,11 @@ def _drop_privileges(uid: int) -> None:
 
 
 def _reseed() -> None:
-    # `random` reseeds itself in Python's after-fork hook; numpy does not.
+    # The zygote forks without Python's after-fork hooks (see linux.fork_with_flags), so
+    # `random` is reseeded here, as its hook would; numpy's never was.
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         # A full MT19937 key from the kernel: seed() without one costs several times

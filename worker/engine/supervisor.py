@@ -34,6 +34,7 @@ from codepool.common.observation import decode_tail
 from codepool.common.result import infra, rejected
 from codepool.worker.engine import isolation, leftovers, routing
 from codepool.worker.engine.child import READY
+from codepool.worker.engine.child import Request as ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
 from codepool.worker.engine.protocol import FrameReader, encode_frame
 from codepool.worker.engine.reaping import wait_or_kill
@@ -265,11 +266,7 @@ class Supervisor:
             child = warm.popleft()
             child.request = request
             try:
-                child.sock.sendall(
-                    encode_frame(
-                        {"code": request.code, "limits": codec.encode_limits(request.limits)}
-                    )
-                )
+                child.sock.sendall(ChildRequest.encode(request.code, request.limits))
             except OSError:
                 pass  # it died while warm; its exit is reported as an infra result
             child.started = time.monotonic()

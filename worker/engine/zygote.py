@@ -77,6 +77,8 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             }
         )
     )
+    # Without a PID namespace each child's HOME and TMPDIR are its own work dir.
+    env_in_place = state.pidns and dict(os.environ) == config.env
     while True:
         try:
             header, fds, _, _ = socket.recv_fds(control, 4096, 3)
@@ -98,8 +100,9 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             syscalls,
             # The zygote, two waiting children and the other running snippets.
             nproc_headroom=config.concurrency + 3,
+            env_in_place=env_in_place,
         )
-        pid = linux.fork_with_flags(flags)
+        pid = linux.fork_with_flags(flags, hooks=threads > 1)  # see fork_with_flags
         if pid == 0:
             control.close()
             if not state.pidns:
