@@ -140,11 +140,11 @@ class Janitor:
         result = infra(LOST_MESSAGE.format(runs=runs), worker=self.name)
         blob = codec.encode_result(result)
         keys = [self.keys.batch_results(batch_id), self.keys.batch_done(batch_id)]
-        written = []
+        args = []
         for index in indices:
-            entry = codec.encode_done_entry(index, blob)
-            if write_script(self.conn, keys, [index, blob, entry]):
-                written.append((index, result))
+            args += [index, blob, codec.encode_done_entry(index, blob)]
+        firsts = write_script(self.conn, keys, args) if args else []
+        written = [(index, result) for index, first in zip(indices, firsts, strict=True) if first]
         self.conn.expire(keys[1], self.settings.batch_ttl_s)
         self._count(batch_id, run, "", written)
         log.warning(

@@ -28,7 +28,7 @@ from codepool.common.errors import CodepoolError, WireError
 from codepool.common.ledger import claim_script, parse_indices
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, batch_queue
-from codepool.common.result import ExecResult, rejected
+from codepool.common.result import ExecResult, infra, rejected
 from codepool.common.settings import Settings
 from codepool.common.wire import (
     JOB_FUNCTION,
@@ -304,7 +304,11 @@ class BatchExecution:
             future.add_done_callback(functools.partial(self._finished, index))
 
     def _finished(self, index: int, future: Future[ExecResult]) -> None:
-        self.runner.writer.put(self, index, future.result())
+        try:
+            result = future.result()
+        except Exception as exc:  # the executor's own failure: the snippet is not lost
+            result = infra(f"codepool: executor failed: {exc}", worker=self.runner.executor.name)
+        self.runner.writer.put(self, index, result)
 
     def finish(self) -> dict[str, Any]:
         runner, job = self.runner, self.job

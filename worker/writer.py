@@ -1,7 +1,10 @@
 """The dispatcher's result writer: each finished snippet goes to Redis as soon as the
 executor hands it over, from this thread, not when RQ's job thread gets round to it.
 
-Writes that arrive together share one pipeline. First write wins (HSETNX), and only a
+Results that arrive together share one script call per batch (and one pipeline): a Redis
+round trip costs far more than a command, and Redis then wakes once for many results.
+Nothing waits for a group to fill: each result goes as soon as the writer is free.
+First write wins (HSETNX), and only a
 first write pushes the done-list entry and is counted, so neither the done list nor the
 counters ever hold an index twice. Nothing is written while the dispatcher's lease may
 have lapsed (after a freeze or a partition) until a heartbeat says it still holds; a
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 512
+WRITE_CHUNK = 128  # results per script call (Lua's unpack stays well inside its stack)
 RETRY_FOR_S = 60.0
 
 _Item = tuple["BatchExecution", int, ExecResult]
@@ -56,6 +60,7 @@ class ResultWriter:
         self.batch_ttl_s = batch_ttl_s
         self.lease = lease
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+
         write_script.load(conn)
         self._thread = threading.Thread(target=self._loop, name="codepool-writer", daemon=True)
         self._thread.start()
@@ -122,10 +127,12 @@ class ResultWriter:
             for execution, results in groups.items():
                 results_key = self.keys.batch_results(execution.batch_id)
                 done_key = self.keys.batch_done(execution.batch_id)
-                for index, result in results:
-                    blob = codec.encode_result(result)
-                    entry = codec.encode_done_entry(index, blob)
-                    write_script.queue(pipe, [results_key, done_key], [index, blob, entry])
+                for start in range(0, len(results), WRITE_CHUNK):
+                    args: list[object] = []
+                    for index, result in results[start : start + WRITE_CHUNK]:
+                        blob = codec.encode_result(result)
+                        args += [index, blob, codec.encode_done_entry(index, blob)]
+                    write_script.queue(pipe, [results_key, done_key], args)
                 if ttls[execution]:
                     # The done list gets its TTL when the execution ends (the producer
                     # drains it meanwhile, and a drained list is gone, TTL and all).
@@ -137,13 +144,16 @@ class ResultWriter:
                 raise redis.RedisError("script was not loaded; loaded it again") from None
         position = 0
         for execution, results in groups.items():
+            firsts: list[int] = []
+            for _ in range(0, len(results), WRITE_CHUNK):
+                firsts += replies[position]
+                position += 1
             late = 0
-            for index, result in results:
-                if replies[position]:
+            for (index, result), first in zip(results, firsts, strict=True):
+                if first:
                     self.stats.record(execution.batch_id, execution.run, index, result)
                 else:
                     late += 1
-                position += 1
             if late:
                 log.info(
                     "batch %s: %d late results dropped, already written by another run",

@@ -66,7 +66,7 @@ def _write(conn: redis.Redis, settings: Settings, batch_id: str, index: int) -> 
     blob = codec.encode_result(ExecResult(True, f"{index}\n", "", 0, False, 0.01))
     keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
     entry = codec.encode_done_entry(index, blob)
-    return int(write_script(conn, keys, [index, blob, entry]))
+    return int(write_script(conn, keys, [index, blob, entry])[0])
 
 
 def test_claims_cover_every_index_once_and_shrink_as_the_batch_drains(redis_url: str) -> None:
@@ -191,3 +191,30 @@ def test_a_large_flush_is_split_and_leaves_the_owners_set_once_done(redis_url: s
     assert counted == 1234
     assert counters.parse(conn.hgetall(keys.stats()))["calls"] == 1234
     assert conn.smembers(keys.owner_batches("w1.0")) == set()
+
+
+def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
+    redis_url: str,
+) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    batch_id = new_batch_id()
+    keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
+
+    def args(indices: list[int], text: str) -> list[object]:
+        out: list[object] = []
+        for index in indices:
+            blob = codec.encode_result(ExecResult(True, text, "", 0, False, 0.01))
+            out += [index, blob, codec.encode_done_entry(index, blob)]
+        return out
+
+    assert write_script(conn, keys, args([0, 1, 2], "first")) == [1, 1, 1]
+    assert write_script(conn, keys, args([2, 3], "second")) == [0, 1]
+    done = [codec.decode_done_entry(e) for e in conn.lrange(keys[1], 0, -1)]
+    assert [(i, r.stdout) for i, r in done] == [
+        (0, "first"),
+        (1, "first"),
+        (2, "first"),
+        (3, "second"),
+    ]
+    assert codec.decode_result(conn.hget(keys[0], "2")).stdout == "first"
