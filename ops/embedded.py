@@ -18,6 +18,7 @@ from rq import Worker
 
 from codepool.common.errors import ConfigError
 from codepool.ops.redis_server import RedisServer
+from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,4 @@ def _wait_ready(url: str, name: str, worker: subprocess.Popen[bytes], log_path: 
 def _stop(worker: subprocess.Popen[bytes]) -> None:
     if worker.poll() is None:
         worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
+    wait_or_kill(worker, 30, group=True)

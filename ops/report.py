@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from collections import Counter
+
+from codepool.common.quantile import nearest_rank
 
 STATUS_COLORS = {
     "ok": "#2e7d32",
@@ -81,9 +82,7 @@ def render(statuses: Counter[str], exec_s: list[float], title: str) -> str:
     buckets = histogram(exec_s)
     last = max((i for i, (_, count) in enumerate(buckets) if count), default=0)
     hist_items = [(_label(edge), count, "#1565c0") for edge, count in buckets[: last + 1]]
-    ordered = sorted(exec_s)
-    p50 = ordered[len(ordered) // 2] * 1e3 if ordered else math.nan
-    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] * 1e3 if ordered else math.nan
+    p50, p95 = nearest_rank(exec_s, 0.5) * 1e3, nearest_rank(exec_s, 0.95) * 1e3
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}}</style>

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from codepool.common.observation import format_tool_content
+from codepool.common.quantile import nearest_rank
 from codepool.common.result import ExecResult
 from codepool.producer.pool import CodePool
 from codepool.producer.rollouts import Call, RolloutError, read_calls
@@ -41,8 +42,7 @@ class ReplaySummary:
     def percentile_ms(self, q: float) -> float:
         if not self.exec_s:
             return 0.0
-        ordered = sorted(self.exec_s)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
+        return nearest_rank(self.exec_s, q) * 1e3
 
     def table(self) -> str:
         lines = [f"{'status':<10} {'count':>7} {'share':>7}"]

@@ -17,6 +17,7 @@ import redis
 from codepool.ops.redis_server import RedisServer
 from codepool.worker import LocalExecutor
 from codepool.worker.engine.config import FALLBACK_PREFIX
+from codepool.worker.engine.reaping import wait_or_kill
 
 VOLATILE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -142,11 +143,7 @@ class WorkerProcess:
     def stop(self, timeout_s: float = 30.0) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return wait_or_kill(self.process, timeout_s)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from codepool.common.settings import Settings
 from codepool.worker.dispatcher import DispatcherConfig
 from codepool.worker.engine import leftovers
 from codepool.worker.engine.executor import LocalExecutor
+from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +182,7 @@ class WorkerHost:
             _signal(process, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for process in self.dispatchers.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            wait_or_kill(process, max(0.1, deadline - time.monotonic()))
 
     def _heartbeat(self) -> None:
         keys = self.settings.keys

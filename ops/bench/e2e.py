@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import redis
 
 from codepool.common import ExecResult
+from codepool.common.quantile import nearest_rank
 from codepool.common.settings import Settings
 from codepool.ops.bench.executor import (
     NUMPY_CODE,
@@ -39,7 +40,6 @@ from codepool.ops.bench.executor import (
     Measurement,
     ReferenceExecutor,
     Workload,
-    _percentile,
     interpreter_startup_ms,
     measure,
     ratio_vs_reference,
@@ -128,8 +128,8 @@ def measure_lone(run: Callable[[str], ExecResult], workload: Workload) -> Measur
     return Measurement(
         n=len(times),
         wall_s=sum(times),
-        p50_ms=_percentile(times, 0.5) * 1000,
-        p95_ms=_percentile(times, 0.95) * 1000,
+        p50_ms=nearest_rank(times, 0.5) * 1000,
+        p95_ms=nearest_rank(times, 0.95) * 1000,
         bad=bad,
         sequential=True,
     )
@@ -406,7 +406,7 @@ def print_breakdown(workloads: Sequence[Workload], rounds: dict[str, list[Row]])
         seen = row.seen
 
         def p50_ms(values: list[float]) -> float:
-            return _percentile(sorted(values), 0.5) * 1000
+            return nearest_rank(sorted(values), 0.5) * 1000
 
         outside = [r.latency - r.exec_s - r.queue_s for r in seen]
         busy = sum(r.exec_s for r in seen) / (row.measurement.wall_s * WORKER_SLOTS)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol, Self
 
 from codepool.common import ExecResult
+from codepool.common.quantile import nearest_rank
 
 PRINT_CODE = "print(2 + 3)"
 NUMPY_CODE = (
@@ -251,8 +252,8 @@ def measure(runner: Runner, workload: Workload, label: str) -> Measurement:
     return Measurement(
         n=len(results),
         wall_s=wall_s,
-        p50_ms=_percentile(latencies, 0.50) * 1000,
-        p95_ms=_percentile(latencies, 0.95) * 1000,
+        p50_ms=nearest_rank(latencies, 0.50) * 1000,
+        p95_ms=nearest_rank(latencies, 0.95) * 1000,
         bad=len(mismatched),
         sequential=workload.sequential,
         cpu_ms=cpu_ms,
@@ -274,11 +275,6 @@ def _tree_cpu(runner: Runner) -> float:
     if hasattr(runner, "supervisor_pid"):
         return tree_cpu_s(runner)
     return math.nan  # a remote executor: its tree is another host's
-
-
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    # Nearest rank: no interpolation, so p95 of 30 samples is an observed latency.
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def open_executor(mode: str, concurrency: int) -> AbstractContextManager[Runner]:

@@ -118,11 +118,13 @@ def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker)
     # The 1 s timeout lands above 0.5 s; the quick snippets below it.
     assert _sample(samples, "codepool_snippet_latency_seconds_bucket", le="0.5") == 4
     client = redis.Redis.from_url(redis_url)
-    latency_us = int(client.hget(Keys().stats(), "latency_us") or 0)
+    totals = {f: int(client.hget(Keys().stats(), f) or 0) for f in ("latency_us", "queue_us")}
     client.close()
-    assert _sample(samples, "codepool_snippet_latency_seconds_sum") == latency_us / 1e6
+    assert _sample(samples, "codepool_snippet_latency_seconds_sum") == totals["latency_us"] / 1e6
     assert _sample(samples, "codepool_snippet_exec_seconds_total") >= 1.0  # the timeout
-    assert _sample(samples, "codepool_snippet_queue_seconds_total") >= 0.0
+    # Each snippet waits for a slot a little (queue_us > 0), and the exporter says so.
+    assert totals["queue_us"] > 0
+    assert _sample(samples, "codepool_snippet_queue_seconds_total") == totals["queue_us"] / 1e6
     assert _sample(samples, "codepool_queue_depth") == 0
     assert _sample(samples, "codepool_workers_alive") >= 1
     beat_s = _sample(samples, "codepool_worker_last_heartbeat_seconds", worker=name)

@@ -3,6 +3,7 @@ run completes; Redis down past the producer's deadline gives infra results, not 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -12,7 +13,7 @@ from codepool.common.limits import Limits
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
 from codepool.producer.pool import Batch
-from tests.conftest import WorkerProcess, wait_for_dispatchers
+from tests.conftest import WorkerProcess, wait_for_dispatchers, wait_until
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -21,6 +22,18 @@ StartWorker = Callable[..., WorkerProcess]
 def aof_redis() -> Iterator[RedisServer]:
     with RedisServer(appendonly=True) as server:
         yield server
+
+
+def _on_disk(server: RedisServer, needle: bytes) -> bool:
+    """True once the server's append-only files (one dir of them since Redis 7, one file
+    before) hold ``needle``."""
+    found = False
+    for root, _, files in os.walk(server.dir):
+        for name in files:
+            if "appendonly" in name or root.endswith("appendonlydir"):
+                with open(os.path.join(root, name), "rb") as f:
+                    found = found or needle in f.read()
+    return found
 
 
 def test_run_completes_across_a_redis_restart(
@@ -33,7 +46,7 @@ def test_run_completes_across_a_redis_restart(
     batch = pool.submit(
         [f"import time\ntime.sleep(0.1)\nprint({i})" for i in range(n)], deadline_s=20.0
     )
-    time.sleep(1.5)  # AOF everysec has the batch on disk by now
+    wait_until(lambda: _on_disk(aof_redis, batch.id.encode()), what="the batch in the AOF")
     aof_redis.restart()
     results = batch.results(timeout_s=90)
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
