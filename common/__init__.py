@@ -18,7 +18,7 @@ from codepool.common.observation import (
     truncate_tail,
 )
 from codepool.common.result import STATUSES, ExecResult
-from codepool.common.stats import SandboxStats
+from codepool.common.sandbox_stats import SandboxStats
 
 __all__ = [
     "DEFAULT_MARKERS",

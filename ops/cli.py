@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from codepool.ops import exporter, replay_command, stats
+from codepool.ops import exporter, replay_command, stats_view
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="ceiling on any snippet's memory_mb (default 1024)",
     )
     replay_command.register(commands)
-    stats.register(commands)
+    stats_view.register(commands)
     exporter.register(commands)
     run = commands.add_parser("run", help="run snippets on this host and print the tool text")
     run.add_argument(
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return WorkerHost(settings, options).serve()
     if args.command == "stats":
-        return stats.run_command(args)
+        return stats_view.run_command(args)
     if args.command == "exporter":
         return exporter.run_command(args)
     if args.command == "replay":

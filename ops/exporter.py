@@ -38,7 +38,7 @@ from codepool.common.connection import redis_client
 from codepool.common.errors import CodepoolError
 from codepool.common.result import STATUSES
 from codepool.common.settings import Settings
-from codepool.ops.stats import snapshot
+from codepool.ops.stats_view import snapshot
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 from codepool.common.errors import CodepoolError
 from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
 from codepool.common.result import ExecResult, infra
+from codepool.common.sandbox_stats import SandboxStats
 from codepool.common.settings import Settings
-from codepool.common.stats import SandboxStats
 from codepool.producer.pool import Batch, CodePool
 
 log = logging.getLogger(__name__)

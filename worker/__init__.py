@@ -1,6 +1,6 @@
 """The host executor (zygote, limits, isolation) and, later, the RQ worker.
 
-Imports are lazy so the spawn-mode runner (``-m codepool.worker.engine.runner``) starts
+Imports are lazy so the spawn-mode runner (``-m codepool.worker.engine.snippet``) starts
 without loading the executor's machinery.
 """
 

@@ -25,11 +25,11 @@ from codepool.common.connection import redis_client
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION
+from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.engine import linux
 from codepool.worker.engine.client import AttachedExecutor
 from codepool.worker.job import BatchRunner, CodepoolJob
 from codepool.worker.lease import LeaseKeeper
-from codepool.worker.stats import StatsBuffer
 from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     block_s = WORKER_TTL_S - 15
     conn = redis_client(settings, block_s=block_s)
     executor = AttachedExecutor(config.socket_path, name=config.host)
-    stats = StatsBuffer(
+    stats = CounterBuffer(
         conn,
         settings.keys,
         config.host,

@@ -37,9 +37,9 @@ from codepool.common.wire import (
     decode_announcement,
     peek_batch_id,
 )
-from codepool.worker.engine.client import ZygoteClient
+from codepool.worker.counter_buffer import CounterBuffer
+from codepool.worker.engine.client import SupervisorClient
 from codepool.worker.lease import LeaseKeeper
-from codepool.worker.stats import StatsBuffer
 from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -100,10 +100,10 @@ class BatchRunner:
     def __init__(
         self,
         *,
-        executor: ZygoteClient,
+        executor: SupervisorClient,
         conn: redis.Redis,
         settings: Settings,
-        stats: StatsBuffer,
+        stats: CounterBuffer,
         max_limits: Limits,
         stop_requested: Callable[[], bool],
         writer: ResultWriter,

@@ -9,7 +9,7 @@ from typing import Any
 from codepool.common.limits import Limits
 from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
 from codepool.common.result import ExecResult
-from codepool.common.stats import SandboxStats
+from codepool.common.sandbox_stats import SandboxStats
 from codepool.worker.engine.executor import DEFAULT_PRELOAD, LocalExecutor
 
 

@@ -27,8 +27,8 @@ from codepool.common import codec
 from codepool.common.keys import Keys
 from codepool.common.ledger import write_script
 from codepool.common.result import ExecResult
+from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.lease import LeaseKeeper
-from codepool.worker.stats import StatsBuffer
 
 if TYPE_CHECKING:
     from codepool.worker.job import BatchExecution
@@ -50,7 +50,7 @@ class ResultWriter:
         self,
         conn: redis.Redis,
         keys: Keys,
-        stats: StatsBuffer,
+        stats: CounterBuffer,
         batch_ttl_s: int,
         lease: LeaseKeeper,
     ) -> None:

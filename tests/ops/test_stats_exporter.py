@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from codepool.common import counters
 from codepool.common.keys import Keys
 from codepool.common.settings import Settings
-from codepool.ops import exporter, stats
+from codepool.ops import exporter, stats_view
 from codepool.ops.redis_server import free_port
 from codepool.producer import CodePool
 from tests.conftest import WorkerProcess, wait_until
@@ -73,7 +73,7 @@ def test_snapshot_and_render_show_what_ran(
     settings = Settings.from_env(redis_url=redis_url)
     conn = redis.Redis.from_url(redis_url)
     for run in ("t", None):
-        snap = stats.snapshot(conn, settings, run)
+        snap = stats_view.snapshot(conn, settings, run)
         assert {k: snap["counters"][k] for k in EXPECTED} == EXPECTED
         assert snap["shares"]["ok"] == 3 / 5
         assert snap["shares"]["error"] == snap["shares"]["timeout"] == 1 / 5
@@ -86,20 +86,20 @@ def test_snapshot_and_render_show_what_ran(
     [worker] = snap["workers"]
     assert worker["name"] == name and worker["alive"] and worker["calls"] == 5
     assert worker["slots"] == 2 and worker["mode"] == "fork"
-    assert 0 <= worker["heartbeat_age_s"] <= stats.ALIVE_S
+    assert 0 <= worker["heartbeat_age_s"] <= stats_view.ALIVE_S
     conn.close()
 
-    view = stats.render(snap)
+    view = stats_view.render(snap)
     assert "calls    5" in view
     assert "ok 3 (60.0%)" in view and "error 1 (20.0%)" in view
     assert "timeout 1 (20.0%)" in view
     assert "1 alive, 0 stale" in view
     assert any(line.split()[0] == name and "alive" in line for line in view.splitlines())
 
-    assert stats.main(redis_url, "t", watch=False) == 0
+    assert stats_view.main(redis_url, "t", watch=False) == 0
     out = capsys.readouterr().out
     assert "codepool stats - run t" in out and "ok 3 (60.0%)" in out
-    assert stats.CLEAR_SCREEN not in out
+    assert stats_view.CLEAR_SCREEN not in out
 
 
 def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker) -> None:
@@ -128,7 +128,7 @@ def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker)
     assert _sample(samples, "codepool_queue_depth") == 0
     assert _sample(samples, "codepool_workers_alive") >= 1
     beat_s = _sample(samples, "codepool_worker_last_heartbeat_seconds", worker=name)
-    assert abs(time.time() - beat_s) <= stats.ALIVE_S
+    assert abs(time.time() - beat_s) <= stats_view.ALIVE_S
     with pytest.raises(urllib.error.URLError):
         _scrape(running.port)
 
@@ -151,10 +151,10 @@ def test_a_waiting_announcement_shows_as_queue_depth(
     def interrupt(seconds: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(stats.time, "sleep", interrupt)
-    assert stats.main(redis_url, None, watch=True, interval_s=0.1) == 0
+    monkeypatch.setattr(stats_view.time, "sleep", interrupt)
+    assert stats_view.main(redis_url, None, watch=True, interval_s=0.1) == 0
     out = capsys.readouterr().out
-    assert out.startswith(stats.CLEAR_SCREEN)
+    assert out.startswith(stats_view.CLEAR_SCREEN)
     assert "1 announcements waiting" in out and "0 alive, 0 stale" in out
 
 
@@ -169,18 +169,18 @@ def test_unreachable_redis_is_reported_not_raised(capsys: pytest.CaptureFixture[
         running.stop()
     assert samples == {("codepool_redis_up", ()): 0}
 
-    assert stats.main(dead_url, None, watch=False) == 1
+    assert stats_view.main(dead_url, None, watch=False) == 1
     assert "Redis unreachable" in capsys.readouterr().err
 
 
 def test_subcommands_register_and_dispatch(redis_url: str) -> None:
     parser = argparse.ArgumentParser(prog="codepool")
     commands = parser.add_subparsers(dest="command", required=True)
-    stats.register(commands)
+    stats_view.register(commands)
     exporter.register(commands)
     args = parser.parse_args(["stats", "--url", redis_url, "--run", "t", "--interval", "0.5"])
     assert (args.url, args.run, args.watch, args.interval) == (redis_url, "t", False, 0.5)
-    assert stats.run_command(args) == 0
+    assert stats_view.run_command(args) == 0
     args = parser.parse_args(["exporter", "--port", "9150"])
     assert (args.port, args.addr, args.url) == (9150, "0.0.0.0", None)
     with pytest.raises(SystemExit):

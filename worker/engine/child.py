@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from codepool.common.limits import Limits
-from codepool.worker.engine import isolation, landlock, linux, runner, seccomp
+from codepool.worker.engine import isolation, landlock, linux, seccomp, snippet
 from codepool.worker.engine.protocol import FrameReader, encode_frame
 
 REQUEST_FD = 3
@@ -39,7 +39,7 @@ class ChildPlan:
     env: dict[str, str]
     vm_baseline_bytes: int
     fallback_dir: str | None
-    fresh: runner.Fresh | None  # fork mode: made once in the zygote
+    fresh: snippet.Fresh | None  # fork mode: made once in the zygote
     guard: landlock.Plan  # the second layer, whatever the namespaces: files, TCP, scope
     syscalls: seccomp.Filter  # and its syscall half
     # Processes of the snippet's uid that are not its own but count against its limit:
@@ -69,7 +69,7 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
             os.environ.update(env)
         os.chdir(cwd)
         if plan.fresh is not None:
-            runner.prepare(plan.fresh)
+            snippet.prepare(plan.fresh)
         _restrict(plan, cwd)
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
@@ -84,7 +84,7 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
             os.write(2, traceback.format_exc().encode("utf-8", "replace"))
         finally:
             os._exit(SETUP_FAILED_EXIT)
-    runner.run_snippet(request.code, auto_print=request.auto_print)
+    snippet.run_snippet(request.code, auto_print=request.auto_print)
 
 
 def _restrict(plan: ChildPlan, cwd: str) -> None:
@@ -217,9 +217,9 @@ def _exec_interpreter(code: bytes, auto_print: bool, env: dict[str, str]) -> NoR
     source_fd = os.memfd_create("codepool-source", 0)
     os.write(source_fd, code)
     os.lseek(source_fd, 0, os.SEEK_SET)
-    os.dup2(source_fd, runner.CODE_FD)
+    os.dup2(source_fd, snippet.CODE_FD)
     os.close(source_fd)
-    argv = [sys.executable, "-I", "-B", "-m", "codepool.worker.engine.runner"]
+    argv = [sys.executable, "-I", "-B", "-m", "codepool.worker.engine.snippet"]
     if auto_print:
         argv.append("--auto-print")
     os.execve(sys.executable, argv, env)

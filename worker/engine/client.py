@@ -1,4 +1,4 @@
-"""ZygoteClient: submit snippets to a zygote over its socket (thread-safe).
+"""SupervisorClient: submit snippets to a zygote over its socket (thread-safe).
 
 Both the executor that owns a zygote (LocalExecutor) and the RQ dispatchers that share
 one on the same host (AttachedExecutor) are clients. Any number of threads may call
@@ -40,7 +40,7 @@ class _Pending:
     generation: int = -1  # which connection it was last sent on
 
 
-class ZygoteClient:
+class SupervisorClient:
     """The client side of the zygote protocol; subclasses say how to connect."""
 
     def __init__(
@@ -251,14 +251,14 @@ class ZygoteClient:
         for request_id in ids:
             self._finish(request_id, infra(message, worker=self.name))
 
-    def __enter__(self) -> ZygoteClient:
+    def __enter__(self) -> SupervisorClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class AttachedExecutor(ZygoteClient):
+class AttachedExecutor(SupervisorClient):
     """A client of a zygote another process owns (``codepool worker``'s dispatchers).
 
     path: the zygote's Unix socket. reconnect_timeout_s: how long to keep trying when

@@ -1,9 +1,10 @@
-"""LocalExecutor: the host executor every worker runs (client side of the zygote).
+"""LocalExecutor: the host executor every worker runs; it starts and owns the
+supervisor (which starts the zygotes) and is its first client.
 
-Thread-safe: any number of threads may call ``run``/``submit`` at once. The zygote
+Thread-safe: any number of threads may call ``run``/``submit`` at once. The supervisor
 runs at most ``concurrency`` snippets at a time and queues the rest, so a straggler
-holds one slot only. If the zygote dies it is restarted; snippets in flight are re-run
-once, then come back with ``status="infra"``.
+holds one slot only. If the supervisor or a zygote dies, both are restarted; snippets
+in flight are re-run once, then come back with ``status="infra"``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.limits import Limits
-from codepool.worker.engine.client import ZygoteClient
+from codepool.worker.engine.client import SupervisorClient
 from codepool.worker.engine.config import ZygoteConfig, send_config
 from codepool.worker.engine.reaping import wait_or_kill
 
@@ -58,7 +59,7 @@ def snippet_env(
     return env
 
 
-class LocalExecutor(ZygoteClient):
+class LocalExecutor(SupervisorClient):
     """Runs snippets in isolated, resource-limited children of a warm zygote it owns.
 
     concurrency: snippets running at once (the host's slots).

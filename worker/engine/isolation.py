@@ -1,6 +1,6 @@
 """Isolation the zygote sets up once, and the per-snippet part each child adds.
 
-Once, in the zygote (DESIGN §4): a private network namespace (no interfaces up, so no
+Once, in the zygote: a private network namespace (no interfaces up, so no
 network at all), a private mount namespace in which every mount is read-only, and
 the interpreter's own files made reachable for an unprivileged uid where a parent
 directory (``/root`` is mode 700 on our hosts) would block it: the blocking directory is

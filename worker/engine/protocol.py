@@ -1,9 +1,12 @@
-"""Framing between the executor and its zygote: a 4-byte length, then msgpack.
+"""Framing between the supervisor and its clients (and a waiting child): a 4-byte
+length, then msgpack.
 
 Messages (maps, key ``t`` is the type):
-  zygote -> client  ``hello``  {pid, report, mode, concurrency}
-  client -> zygote  ``run``    {id, code: bytes, limits: map}
-  zygote -> client  ``result`` {id, r: ExecResult fields}
+  supervisor -> client  ``hello``  {pid, zygote_pid, zygote_pids, report, mode,
+                                    concurrency, uids}
+  client -> supervisor  ``run``    {id, code: bytes, limits: map}
+  supervisor -> client  ``result`` {id, r: ExecResult fields}
+  supervisor -> child   {r: [code, auto_print, cpu_s, memory_mb, max_file_mb, max_procs]}
 """
 
 from __future__ import annotations
@@ -21,10 +24,6 @@ MAX_FRAME_BYTES = 64 << 20
 def encode_frame(message: dict[str, Any]) -> bytes:
     body = codec.dumps(message)
     return _HEADER.pack(len(body)) + body
-
-
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall(encode_frame(message))
 
 
 class FrameReader:

@@ -19,7 +19,7 @@ import socket
 import sys
 
 from codepool.common import codec
-from codepool.worker.engine import isolation, landlock, linux, runner, seccomp
+from codepool.worker.engine import isolation, landlock, linux, seccomp, snippet
 from codepool.worker.engine.child import ChildPlan, child_main
 from codepool.worker.engine.config import ZygoteConfig, enter
 from codepool.worker.engine.warmup import warm_up
@@ -63,7 +63,7 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             + ("" if threads == 1 else ": forking a multi-threaded zygote is unsafe"),
         }
     )
-    fresh = runner.Fresh.create() if config.mode == "fork" else None
+    fresh = snippet.Fresh.create() if config.mode == "fork" else None
     flags = isolation.clone_flags(state) | CLONE_PARENT
     vm_baseline_bytes = _vm_size_bytes()
     control.sendall(

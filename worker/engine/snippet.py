@@ -1,7 +1,7 @@
 """Run one snippet as ``python -c`` would, inside an already isolated child.
 
 Fork mode calls :func:`run_snippet` in the forked child; spawn mode runs this module
-in a fresh interpreter (``python -I -B -m codepool.worker.engine.runner``) with the source on
+in a fresh interpreter (``python -I -B -m codepool.worker.engine.snippet``) with the source on
 fd 3. Either way the process exits with the snippet's exit code, tracebacks show only
 ``<sandbox>`` frames, and stdout/stderr are fds 1 and 2.
 """

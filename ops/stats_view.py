@@ -221,6 +221,6 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m codepool.ops.stats", description=__doc__)
+    _parser = argparse.ArgumentParser(prog="python -m codepool.ops.stats_view", description=__doc__)
     add_arguments(_parser)
     sys.exit(run_command(_parser.parse_args()))

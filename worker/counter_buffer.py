@@ -28,7 +28,7 @@ class _Pending:
     done: bool = False  # the dispatcher holds nothing more of this batch
 
 
-class StatsBuffer:
+class CounterBuffer:
     """Thread-safe pending counts per batch, and their flusher thread."""
 
     def __init__(

@@ -57,3 +57,14 @@ def test_latency_buckets_give_percentiles() -> None:
     assert counters.latency_percentile_ms(totals, 0.5) == 500
     assert counters.latency_percentile_ms(totals, 0.99) == float("inf")
     assert counters.latency_percentile_ms({}, 0.5) is None
+
+
+def test_reset_starts_a_new_window() -> None:
+    """A trainer logs ``stats.metrics()`` each step and resets: the next step's rates
+    are its own."""
+    stats = SandboxStats()
+    stats.record(_r("error", 0.01))
+    stats.reset()
+    stats.record(_r("ok", 0.01))
+    metrics = stats.metrics()
+    assert metrics["sandbox/calls"] == 1 and metrics["sandbox/success_rate"] == 1.0
