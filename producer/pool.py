@@ -35,6 +35,7 @@ from codepool.common.ledger import heartbeat_script, submit_script
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, announcements_for, batch_queue
 from codepool.common.result import ExecResult, infra
+from codepool.common.retry import pause
 from codepool.common.settings import Settings
 from codepool.common.wire import RUN_TAG_MAX_CHARS, WHOLE_BATCH, BatchJob, new_batch_id
 
@@ -284,7 +285,7 @@ class Batch:
                 popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
             except redis.RedisError:
                 # Redis restarting: wait a little and try again until the deadline.
-                time.sleep(min(0.5, max(0.0, end - time.monotonic())))
+                pause(end, 0.5)
                 continue
             entries = popped[1] if popped else []
             for entry in entries:

@@ -27,6 +27,7 @@ from codepool.common import codec
 from codepool.common.keys import Keys
 from codepool.common.ledger import write_script
 from codepool.common.result import ExecResult
+from codepool.common.retry import retry_until
 from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.lease import LeaseKeeper
 
@@ -96,21 +97,28 @@ class ResultWriter:
 
     def _write_with_retry(self, groups: _Groups, ttls: dict[BatchExecution, bool]) -> None:
         deadline = time.monotonic() + RETRY_FOR_S
-        while True:
+
+        def attempt() -> bool:
             if not self.lease.confirm(max(0.0, deadline - time.monotonic())):
-                self._drop(groups)
-                return
-            try:
-                self._write(groups, ttls)
-                return
-            except redis.RedisError as exc:
-                if time.monotonic() > deadline:
-                    log.error("giving up writing %d results: %s", len(groups), exc)
-                    for execution in groups:
-                        execution.failed(exc)
-                    return
-                log.warning("writing results failed, retrying: %s", exc)
-                time.sleep(0.5)
+                return False
+            self._write(groups, ttls)
+            return True
+
+        try:
+            wrote = retry_until(
+                deadline,
+                attempt,
+                errors=(redis.RedisError,),
+                pause_s=0.5,
+                on_error=lambda exc: log.warning("writing results failed, retrying: %s", exc),
+            )
+        except redis.RedisError as exc:
+            log.error("giving up writing %d results: %s", len(groups), exc)
+            for execution in groups:
+                execution.failed(exc)
+            return
+        if not wrote:
+            self._drop(groups)
 
     def _drop(self, groups: _Groups) -> None:
         for execution, results in groups.items():

@@ -23,6 +23,7 @@ from typing import Any
 from codepool.common.errors import ExecutorError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, infra, rejected
+from codepool.common.retry import retry_until
 from codepool.worker.engine.protocol import FrameReader, encode_frame, recv_one
 
 log = logging.getLogger(__name__)
@@ -280,17 +281,18 @@ class AttachedExecutor(SupervisorClient):
         self._connect()
 
     def _open(self) -> socket.socket:
-        deadline = time.monotonic() + self.reconnect_timeout_s
-        while True:
+        def attempt() -> socket.socket:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.path)
-                sock.settimeout(self.reconnect_timeout_s)
-                return sock
-            except OSError as exc:
+            except OSError:
                 sock.close()
-                if time.monotonic() > deadline:
-                    raise ExecutorError(
-                        f"cannot connect to the zygote at {self.path}: {exc}"
-                    ) from exc
-                time.sleep(0.1)
+                raise
+            sock.settimeout(self.reconnect_timeout_s)
+            return sock
+
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        try:
+            return retry_until(deadline, attempt, errors=(OSError,), pause_s=0.1)
+        except OSError as exc:
+            raise ExecutorError(f"cannot connect to the supervisor at {self.path}: {exc}") from exc
