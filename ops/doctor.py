@@ -92,15 +92,26 @@ def host_listeners() -> Iterator[HostListeners]:
 
 
 def diagnose(
-    mode: str = "fork", preload: tuple[str, ...] = (), *, allow_weak_isolation: bool = False
+    mode: str = "fork",
+    preload: tuple[str, ...] = (),
+    *,
+    allow_weak_isolation: bool = False,
+    namespaces: bool = True,
+    landlock: bool = True,
 ) -> list[dict[str, Any]]:
     """Start an executor, collect the zygote's report and run the probes. Raises
-    ExecutorError where isolation is too weak to run snippets (unless allowed)."""
+    ExecutorError where isolation is too weak to run snippets (unless allowed).
+    ``namespaces``/``landlock`` off: what the probes see without those layers."""
     lines: list[dict[str, Any]] = []
     with host_listeners() as host:
         values = {"port": host.tcp_port, "udp_port": host.udp_port, "abstract": host.abstract}
         with LocalExecutor(
-            concurrency=1, mode=mode, preload=preload, allow_weak_isolation=allow_weak_isolation
+            concurrency=1,
+            mode=mode,
+            preload=preload,
+            allow_weak_isolation=allow_weak_isolation,
+            namespaces=namespaces,
+            landlock=landlock,
         ) as executor:
             lines.extend(executor.report)
             for name, code, expected in PROBES:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from codepool.ops import doctor
+
 
 def test_doctor_cli_reports_every_protection() -> None:
     proc = subprocess.run(
@@ -31,3 +35,22 @@ def test_doctor_cli_reports_every_protection() -> None:
     ):
         assert any(line.startswith("[ok] " + name) for line in proc.stdout.splitlines()), name
     assert "all protections active" in proc.stdout
+
+
+def test_the_probes_fail_where_the_layers_are_off_and_doctor_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without namespaces and without the second layer, a snippet reaches doctor's own
+    listeners: the probes must say so, and doctor must fail."""
+    real = doctor.diagnose
+
+    def weak(mode: str, preload: tuple[str, ...], **_: object) -> list[dict[str, object]]:
+        return real(mode, preload, allow_weak_isolation=True, namespaces=False, landlock=False)
+
+    lines = weak("fork", ())
+    active = {str(line["name"]): line["active"] for line in lines}
+    for probe in ("probe: network", "probe: udp", "probe: abstract socket"):
+        assert active[probe] is False, (probe, lines)
+    monkeypatch.setattr(doctor, "diagnose", weak)
+    assert doctor.main("fork", ()) == 1
+    assert "[!!] probe: network" in capsys.readouterr().out
