@@ -14,7 +14,7 @@ import pytest
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
-from tests.conftest import WorkerProcess, command_lines
+from tests.conftest import WorkerProcess, wait_until
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -121,7 +121,12 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     source, out, report = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "r.html"
     _write_input(source)
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    before = set(os.listdir("/tmp"))
+    mark = f"CODEPOOL_TEST_REPLAY={os.getpid()}-{id(env)}"
+    env[mark.split("=")[0]] = mark.split("=")[1]
+    # Its own temp dir, so what another suite on this machine makes in /tmp is not ours.
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env["TMPDIR"] = str(private_tmp)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -146,14 +151,25 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     assert "starting a private Redis" in stderr
     assert len(_read(out)) == 6 and "total" in stdout and "p95" in stdout
     assert "Status breakdown" in report.read_text() and "<svg" in report.read_text()
-    assert command_lines(f"embedded-{proc.pid}") == []
-    leftovers = [
-        d
-        for d in set(os.listdir("/tmp")) - before
-        if d.startswith(("codepool-redis-", "codepool-worker-"))
-    ]
-    assert leftovers == []
-    assert [c for c in command_lines("redis-server") if "redis.sock" in c] == []
+    # Nothing it started outlives it: the worker host, its dispatchers and the
+    # redis-server carry the replay's environment (supervisors and zygotes die with
+    # their host), so none may be left holding the mark.
+    wait_until(lambda: not _marked(mark.encode()), what="replay's processes gone")
+    assert os.listdir(private_tmp) == [], "the private Redis or the worker left its dir"
+
+
+def _marked(mark: bytes) -> list[int]:
+    """Live processes (zombies aside) whose environment holds ``mark``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
 
 
 def test_embedded_default_without_redis_says_how_to_get_it(tmp_path: Path) -> None:
