@@ -1,0 +1,45 @@
+"""`codepool worker` flags and `codepool run`, each seen to change what a snippet meets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+from codepool.common.settings import Settings
+from codepool.producer import CodePool
+from tests.conftest import WorkerProcess
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+def test_queue_flag_serves_that_queue(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker("--queue", "flags-q", name="on-flags-q")
+    pool = CodePool(settings=Settings.from_env(redis_url=redis_url).replace(queue="flags-q"))
+    results = pool.submit(["print(6 * 7)"] * 3).results(timeout_s=30)
+    assert [(r.stdout, r.worker) for r in results] == [("42\n", "on-flags-q")] * 3
+
+
+def test_mode_spawn_runs_a_fresh_interpreter(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker("--mode", "spawn")
+    code = "import sys\nprint('numpy' in sys.modules, sys.flags.isolated)"
+    r = CodePool(redis_url).submit([code]).results(timeout_s=60)[0]
+    assert (r.status, r.stdout, r.zygote) == ("ok", "False 1\n", ""), r
+
+
+def test_max_timeout_clamps_what_a_batch_asks(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker("--max-timeout", "1")
+    r = CodePool(redis_url).submit(["while True: pass"], timeout_s=30).results(timeout_s=60)[0]
+    assert r.timed_out and r.exec_s < 15, "30 s was asked for; the worker allows 1"
+
+
+def test_codepool_run_prints_the_tool_text() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "codepool.ops.cli", "run", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+    ok = run("-c", "print(2 + 3)")
+    header, output = ok.stdout.strip().splitlines()
+    assert ok.returncode == 0 and "(ok," in header and output == "5", ok.stdout + ok.stderr
+    failed = run("-c", "1/0")
+    assert "ZeroDivisionError: division by zero" in failed.stdout, failed.stdout + failed.stderr
