@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
-import signal
 import stat
 import sys
 from dataclasses import dataclass, field
 
-from codepool.worker.engine import linux
+from codepool.worker.engine import linux, protections
 
 VOLATILE_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
 WORKDIR = "/tmp/work"
@@ -220,59 +218,7 @@ def setup_zygote(*, namespaces: bool = True) -> IsolationState:
                 f"directory is not world-searchable): {', '.join(hidden)}; only preloaded "
                 "modules import. Put the interpreter and venv under a world-readable path.",
             )
-    if state.separate_uid:
-        state.note("uid", True, "each running snippet has its own unprivileged uid")
-    else:
-        state.note("uid", False, "not root: snippets keep the worker's uid")
-    state.note(
-        "capabilities",
-        True,
-        "none: every capability dropped (bounding, ambient, effective) before user code"
-        + (", and no uid 0 inside the user namespace" if state.userns else ""),
-    )
-    if state.pidns:
-        state.note(
-            "processes",
-            True,
-            "PID namespace per snippet: its processes die with it, "
-            "the executor is invisible and unkillable from inside",
-        )
-        state.note("ipc", True, "IPC namespace per snippet: no SysV/POSIX IPC survives it")
-    elif state.separate_uid:
-        state.note(
-            "processes",
-            False,
-            "no PID namespace: after each snippet every process of its uid is killed and "
-            "its files in /tmp, /var/tmp and /dev/shm removed; the executor is visible",
-        )
-    else:
-        state.note(
-            "processes",
-            False,
-            "no PID namespace and no separate uid: what a snippet starts is killed with "
-            "its process group, which seccomp keeps it in (no setsid, no setpgid); "
-            "the executor is visible",
-        )
-    state.note("rlimits", True, "CPU, address space, file size, open files, core")
-    if state.separate_uid:
-        state.note("process limit", True, "RLIMIT_NPROC per snippet, each on a uid of its own")
-    elif state.userns:
-        state.note(
-            "process limit",
-            True,
-            "RLIMIT_NPROC counted inside the user namespace: a fork bomb starves at most "
-            "the snippets running beside it, never the worker",
-        )
-    else:
-        state.note(
-            "process limit",
-            True,
-            "RLIMIT_NPROC on the worker user's own uid, set as each snippet starts to that "
-            "user's task count plus max_procs: a fork bomb is capped, and starves at most "
-            "the snippets starting beside it, never the worker",
-        )
-    state.note("environment", True, "allow-list only")
-    state.note("file descriptors", True, "all closed but stdio")
+    protections.note_per_snippet(state)
     return state
 
 
@@ -308,30 +254,6 @@ def _enter_namespaces(state: IsolationState) -> None:
         f"private mount namespace; {ro}; fresh tmpfs on {', '.join(VOLATILE_ROOTS)} per snippet",
     )
     state.note("interpreter paths", True, "; ".join(actions) or "all readable as they are")
-
-
-def sweep_uid(uid: int) -> None:
-    """Without PID namespaces: kill every process of ``uid`` and remove its temp files."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setresuid(uid, uid, uid)
-            os.kill(-1, signal.SIGKILL)  # as that uid, -1 reaches only that uid's processes
-        except OSError:
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
-    for root in VOLATILE_ROOTS:
-        for entry in os.scandir(root):
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                continue
 
 
 def clone_flags(state: IsolationState) -> int:

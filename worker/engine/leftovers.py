@@ -1,11 +1,16 @@
-"""Temp dirs named after the process that made them, so a successor can remove those
-whose maker is gone (killed -9, a lost host) without touching anyone else's."""
+"""What snippets leave behind, and removing it: temp dirs named after the process that
+made them, so a successor can remove those whose maker is gone (killed -9, a lost host)
+without touching anyone else's; and, without PID namespaces, every process and temp
+file of a snippet's uid."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+
+from codepool.worker.engine.isolation import VOLATILE_ROOTS
 
 
 def make_dir(prefix: str) -> str:
@@ -33,3 +38,27 @@ def _runs(pid: int, marker: bytes) -> bool:
             return marker in f.read()
     except OSError:
         return False
+
+
+def sweep_uid(uid: int) -> None:
+    """Without PID namespaces: kill every process of ``uid`` and remove its temp files."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)  # as that uid, -1 reaches only that uid's processes
+        except OSError:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+    for root in VOLATILE_ROOTS:
+        for entry in os.scandir(root):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue

@@ -321,7 +321,7 @@ class Supervisor:
         if child.fallback_dir is not None:
             shutil.rmtree(child.fallback_dir, ignore_errors=True)
         if not self.state.pidns and self.state.separate_uid:
-            isolation.sweep_uid(self.uid_base + child.slot)
+            leftovers.sweep_uid(self.uid_base + child.slot)
 
     def _expire_deadlines(self) -> float | None:
         now = time.monotonic()

@@ -1,0 +1,67 @@
+"""The report lines for what each snippet gets once the zygote's namespaces are set up:
+doctor's wording, kept apart from the mount and namespace mechanics in isolation.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from codepool.worker.engine.isolation import IsolationState
+
+
+def note_per_snippet(state: IsolationState) -> None:
+    """Add the per-snippet protection lines (uid, capabilities, processes, limits, ...)
+    that follow from what ``state`` holds."""
+    if state.separate_uid:
+        state.note("uid", True, "each running snippet has its own unprivileged uid")
+    else:
+        state.note("uid", False, "not root: snippets keep the worker's uid")
+    state.note(
+        "capabilities",
+        True,
+        "none: every capability dropped (bounding, ambient, effective) before user code"
+        + (", and no uid 0 inside the user namespace" if state.userns else ""),
+    )
+    if state.pidns:
+        state.note(
+            "processes",
+            True,
+            "PID namespace per snippet: its processes die with it, "
+            "the executor is invisible and unkillable from inside",
+        )
+        state.note("ipc", True, "IPC namespace per snippet: no SysV/POSIX IPC survives it")
+    elif state.separate_uid:
+        state.note(
+            "processes",
+            False,
+            "no PID namespace: after each snippet every process of its uid is killed and "
+            "its files in /tmp, /var/tmp and /dev/shm removed; the executor is visible",
+        )
+    else:
+        state.note(
+            "processes",
+            False,
+            "no PID namespace and no separate uid: what a snippet starts is killed with "
+            "its process group, which seccomp keeps it in (no setsid, no setpgid); "
+            "the executor is visible",
+        )
+    state.note("rlimits", True, "CPU, address space, file size, open files, core")
+    if state.separate_uid:
+        state.note("process limit", True, "RLIMIT_NPROC per snippet, each on a uid of its own")
+    elif state.userns:
+        state.note(
+            "process limit",
+            True,
+            "RLIMIT_NPROC counted inside the user namespace: a fork bomb starves at most "
+            "the snippets running beside it, never the worker",
+        )
+    else:
+        state.note(
+            "process limit",
+            True,
+            "RLIMIT_NPROC on the worker user's own uid, set as each snippet starts to that "
+            "user's task count plus max_procs: a fork bomb is capped, and starves at most "
+            "the snippets starting beside it, never the worker",
+        )
+    state.note("environment", True, "allow-list only")
+    state.note("file descriptors", True, "all closed but stdio")
