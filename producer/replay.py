@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TextIO
 
 from codepool.common.observation import format_tool_content
 from codepool.common.quantile import nearest_rank
@@ -43,19 +41,6 @@ class ReplaySummary:
         if not self.exec_s:
             return 0.0
         return nearest_rank(self.exec_s, q) * 1e3
-
-    def table(self) -> str:
-        lines = [f"{'status':<10} {'count':>7} {'share':>7}"]
-        for status, count in self.statuses.most_common():
-            lines.append(f"{status:<10} {count:>7} {count / max(1, self.ran):>7.1%}")
-        rate = self.ran / self.wall_s if self.wall_s else 0.0
-        lines += [
-            f"{'total':<10} {self.ran:>7}   (skipped {self.skipped} already done, "
-            f"{len(self.bad_lines)} bad lines)",
-            f"run time p50 {self.percentile_ms(0.5):.1f} ms, p95 {self.percentile_ms(0.95):.1f} ms;"
-            f" {rate:.1f} calls/s over {self.wall_s:.1f} s",
-        ]
-        return "\n".join(lines)
 
 
 def done_ids(path: str) -> set[str]:
@@ -96,37 +81,17 @@ def output_record(call_id: str, result: ExecResult, timeout_s: float) -> dict[st
     }
 
 
-class Progress:
-    """A one-line progress bar on a terminal (stderr); silent elsewhere."""
-
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.total = total
-        self.done = 0
-        self.stream = stream
-        self.enabled = stream.isatty()
-        self.started = time.monotonic()
-
-    def advance(self, n: int = 1) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        width = 30
-        filled = int(width * self.done / max(1, self.total))
-        rate = self.done / max(1e-9, time.monotonic() - self.started)
-        self.stream.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {rate:.0f}/s"
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-
-
 def replay(
-    pool: CodePool, in_path: str, out_path: str, *, timeout_s: float, run: str = "replay"
+    pool: CodePool,
+    in_path: str,
+    out_path: str,
+    *,
+    timeout_s: float,
+    run: str = "replay",
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplaySummary:
-    """Run every call of ``in_path`` not yet in ``out_path``; append results as they come."""
+    """Run every call of ``in_path`` not yet in ``out_path``; append results as they come.
+    ``on_progress(done, total)`` is called after each result (the CLI draws a bar)."""
     summary = ReplaySummary()
     drop_partial_last_line(out_path)
     already = done_ids(out_path)
@@ -138,7 +103,6 @@ def replay(
             summary.skipped += 1
         else:
             pending.append(item)
-    progress = Progress(len(pending))
     started = time.monotonic()
     with open(out_path, "a", encoding="utf-8") as out:
         for chunk in _chunks(pending, CHUNK):
@@ -149,8 +113,8 @@ def replay(
                 out.flush()  # a killed replay keeps every line it finished
                 summary.statuses[result.status] += 1
                 summary.exec_s.append(result.exec_s)
-                progress.advance()
-    progress.close()
+                if on_progress is not None:
+                    on_progress(summary.ran, len(pending))
     summary.wall_s = time.monotonic() - started
     return summary
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from codepool.ops.replay_command import summary_table
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
@@ -107,7 +108,7 @@ def test_replay_and_resume(redis_url: str, start_worker: StartWorker, tmp_path: 
     assert records["t"]["observation"] == "Error: execution timed out after 1 seconds."
     assert records["oa:0"]["observation"] == "5\n" and records["oa:1"]["observation"] == "7\n"
     assert records["qw:0"]["observation"] == "713\n"
-    assert "ok" in summary.table() and summary.statuses["timeout"] == 1
+    assert "ok" in summary_table(summary) and summary.statuses["timeout"] == 1
     # Interrupted run: the last two lines (one half-written) are missing; resume redoes them.
     kept = out.read_text().splitlines()[:-2]
     out.write_text("\n".join(kept) + '\n{"id": "qw:0", "stat')
