@@ -186,6 +186,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--port", type=int, required=True, help="TCP port for /metrics")
     parser.add_argument("--addr", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
+    parser.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:

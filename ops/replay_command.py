@@ -35,6 +35,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     parser.add_argument("--run", default="replay", help="run tag for the stats")
     parser.add_argument("--report", default=None, help="write an HTML report here")
+    parser.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:

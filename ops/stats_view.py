@@ -214,6 +214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("stats", help="show counters, rates, queue depth and workers")
     add_arguments(parser)
+    parser.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:

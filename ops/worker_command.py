@@ -1,0 +1,70 @@
+"""``codepool worker``: a worker host (executor + RQ dispatchers), see worker/host.py."""
+
+from __future__ import annotations
+
+import argparse
+
+from codepool.ops.arguments import Commands, split_names
+
+
+def register(commands: Commands[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("worker", help="run a worker host: executor + RQ dispatchers")
+    parser.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
+    parser.add_argument("-c", "--concurrency", type=int, default=2, help="snippet slots")
+    parser.add_argument(
+        "-k",
+        "--dispatchers",
+        type=int,
+        default=0,
+        help="RQ dispatcher processes (default: one per slot, at least 2)",
+    )
+    parser.add_argument("--mode", choices=("fork", "spawn"), default="fork")
+    parser.add_argument(
+        "--preload",
+        type=split_names,
+        default=("numpy", "sympy"),
+        help="comma-separated modules the zygote imports (default numpy,sympy)",
+    )
+    parser.add_argument("--queue", default=None, help="RQ queue name (default codepool)")
+    parser.add_argument("--name", default="", help="worker name (default HOST.PID)")
+    parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    parser.add_argument(
+        "--max-timeout",
+        type=float,
+        default=None,
+        help="ceiling on any snippet's timeout_s (default 30)",
+    )
+    parser.add_argument(
+        "--allow-weak-isolation",
+        action="store_true",
+        help="run snippets even where neither a PID namespace nor Landlock is available "
+        "(they could then signal the worker's processes): an explicit opt-in",
+    )
+    parser.add_argument(
+        "--max-memory-mb",
+        type=int,
+        default=None,
+        help="ceiling on any snippet's memory_mb (default 1024)",
+    )
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from codepool.common import Limits
+    from codepool.common.settings import Settings
+    from codepool.worker.host import WorkerHost, WorkerOptions
+
+    settings = Settings.from_env(redis_url=args.url, queue=args.queue)
+    ceiling = {"timeout_s": args.max_timeout, "memory_mb": args.max_memory_mb}
+    options = WorkerOptions(
+        concurrency=args.concurrency,
+        dispatchers=args.dispatchers,
+        mode=args.mode,
+        preload=args.preload,
+        burst=args.burst,
+        name=args.name,
+        max_limits=Limits().with_overrides(**{k: v for k, v in ceiling.items() if v}),
+        log_level="DEBUG" if args.verbose else "INFO",
+        allow_weak_isolation=args.allow_weak_isolation,
+    )
+    return WorkerHost(settings, options).serve()
