@@ -132,11 +132,13 @@ class CodePool:
         self, batch_id: str, spec: bytes, n: int, run: str, reruns: int
     ) -> None:
         """One round trip when the live dispatcher count is known (from the previous
-        submit), two for the first batch of a pool with more than one snippet."""
+        submit), two for a pool's first batch: that one also loads the script if the
+        server lacks it, so a fresh Redis does not see the first batch announced twice
+        (an announcement in a MULTI whose script was missing goes out regardless)."""
         settings = self.settings
         store_keys = [self.keys.batch_state(batch_id), self.keys.leases()]
         store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
-        if self._live is None and n > 1:
+        if self._live is None:
             self._live = int(submit_script(self.conn, store_keys, store_args))
             announce(
                 self._queue,
