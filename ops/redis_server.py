@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from codepool.common.errors import ConfigError
+from codepool.worker.engine.leftovers import socket_bases
 from codepool.worker.engine.reaping import wait_or_kill
 
 INSTALL_HINT = (
@@ -54,7 +55,8 @@ class RedisServer:
         if binary is None:
             raise ConfigError(INSTALL_HINT)
         if not self.dir:
-            self.dir = tempfile.mkdtemp(prefix="codepool-redis-")
+            # Short enough for the path of its Unix socket, whatever TMPDIR is.
+            self.dir = tempfile.mkdtemp(prefix="codepool-redis-", dir=socket_bases()[0])
         if not self.port and not self.unix_socket:
             self.port = free_port()
         args = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from codepool.common.settings import Settings
 from codepool.producer import CodePool
@@ -31,6 +32,15 @@ def test_max_timeout_clamps_what_a_batch_asks(redis_url: str, start_worker: Star
     start_worker("--max-timeout", "1")
     r = CodePool(redis_url).submit(["while True: pass"], timeout_s=30).results(timeout_s=60)[0]
     assert r.timed_out and r.exec_s < 15, "30 s was asked for; the worker allows 1"
+
+
+def test_a_worker_starts_under_a_tmpdir_too_long_for_a_socket(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    long_tmp = tmp_path / ("d" * 80)
+    long_tmp.mkdir()
+    start_worker(env={"TMPDIR": str(long_tmp)})  # waits for its dispatchers
+    assert CodePool(redis_url).submit(["print(1)"]).results(timeout_s=30)[0].stdout == "1\n"
 
 
 def test_codepool_run_prints_the_tool_text() -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,10 +126,10 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     mark = f"CODEPOOL_TEST_REPLAY={os.getpid()}-{id(env)}"
     env[mark.split("=")[0]] = mark.split("=")[1]
-    # Its own temp dir, so what another suite on this machine makes in /tmp is not ours.
-    private_tmp = tmp_path / "tmp"
-    private_tmp.mkdir()
-    env["TMPDIR"] = str(private_tmp)
+    # Its own temp dir, so what another suite on this machine makes in /tmp is not ours
+    # (short: longer TMPDIRs send socket dirs to /tmp, see leftovers.socket_bases).
+    private_tmp = tempfile.mkdtemp(prefix="cp-replay-")
+    env["TMPDIR"] = private_tmp
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -156,7 +158,10 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     # redis-server carry the replay's environment (supervisors and zygotes die with
     # their host), so none may be left holding the mark.
     wait_until(lambda: not _marked(mark.encode()), what="replay's processes gone")
-    assert os.listdir(private_tmp) == [], "the private Redis or the worker left its dir"
+    try:
+        assert os.listdir(private_tmp) == [], "the private Redis or the worker left its dir"
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
 
 
 def _marked(mark: bytes) -> list[int]:

@@ -12,23 +12,36 @@ import tempfile
 
 from codepool.worker.engine.isolation import VOLATILE_ROOTS
 
+# A Unix socket's path must fit in 108 bytes; a dir under a TMPDIR longer than this
+# leaves too little room for a socket inside it, so such dirs go to /tmp instead.
+MAX_BASE_CHARS = 60
+
+
+def socket_bases() -> list[str]:
+    """Where temp dirs that hold Unix sockets go: TMPDIR when short enough, else /tmp
+    (then TMPDIR too, for sweeping)."""
+    base = tempfile.gettempdir()
+    return [base] if len(base) <= MAX_BASE_CHARS else ["/tmp", base]
+
 
 def make_dir(prefix: str) -> str:
-    """A fresh 0700 temp dir ``{prefix}{pid}-XXXX`` owned by this process."""
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    """A fresh 0700 temp dir ``{prefix}{pid}-XXXX`` owned by this process (under
+    TMPDIR, or /tmp where TMPDIR is too long to hold a Unix socket's path)."""
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=socket_bases()[0])
 
 
 def sweep(prefix: str, marker: bytes) -> int:
     """Remove ``{prefix}{pid}-*`` dirs whose pid is no longer a live process whose
     command line holds ``marker``; returns how many were removed."""
     removed = 0
-    for entry in os.scandir(tempfile.gettempdir()):
-        if not entry.name.startswith(prefix):
-            continue
-        owner = entry.name[len(prefix) :].split("-", 1)[0]
-        if owner.isdigit() and not _runs(int(owner), marker):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
+    for base in socket_bases():
+        for entry in os.scandir(base):
+            if not entry.name.startswith(prefix):
+                continue
+            owner = entry.name[len(prefix) :].split("-", 1)[0]
+            if owner.isdigit() and not _runs(int(owner), marker):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
     return removed
 
 
