@@ -5,18 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from codepool.ops.arguments import Commands, split_names
+from codepool.ops.arguments import Commands, add_executor_arguments
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("doctor", help="report which protections are active")
-    parser.add_argument("--mode", choices=("fork", "spawn"), default="fork")
-    parser.add_argument(
-        "--preload",
-        type=split_names,
-        default=(),
-        help="comma-separated modules to preload, e.g. numpy,sympy",
-    )
+    add_executor_arguments(parser)
     parser.add_argument(
         "--url",
         default=None,

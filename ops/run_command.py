@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from codepool.ops.arguments import Commands, split_names
+from codepool.ops.arguments import Commands, add_executor_arguments
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
@@ -14,13 +14,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         "source", help="a .py file (cells split on '# %%%%' lines), '-' for stdin, or code with -c"
     )
     parser.add_argument("-c", dest="is_code", action="store_true", help="SOURCE is code")
-    parser.add_argument("--mode", choices=("fork", "spawn"), default="fork")
-    parser.add_argument(
-        "--preload",
-        type=split_names,
-        default=(),
-        help="comma-separated modules to preload, e.g. numpy,sympy",
-    )
+    add_executor_arguments(parser)
     parser.add_argument("--concurrency", "-j", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per snippet")
     parser.add_argument(

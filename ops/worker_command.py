@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from codepool.ops.arguments import Commands, split_names
+from codepool.ops.arguments import Commands, add_executor_arguments
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
@@ -18,13 +18,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         default=0,
         help="RQ dispatcher processes (default: one per slot, at least 2)",
     )
-    parser.add_argument("--mode", choices=("fork", "spawn"), default="fork")
-    parser.add_argument(
-        "--preload",
-        type=split_names,
-        default=("numpy", "sympy"),
-        help="comma-separated modules the zygote imports (default numpy,sympy)",
-    )
+    add_executor_arguments(parser, ("numpy", "sympy"))
     parser.add_argument("--queue", default=None, help="RQ queue name (default codepool)")
     parser.add_argument("--name", default="", help="worker name (default HOST.PID)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
