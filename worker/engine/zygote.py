@@ -17,6 +17,7 @@ import importlib
 import os
 import socket
 import sys
+from dataclasses import dataclass
 
 from codepool.common import codec
 from codepool.worker.engine import isolation, landlock, linux, seccomp, snippet
@@ -27,7 +28,37 @@ from codepool.worker.engine.warmup import warm_up
 CLONE_PARENT = 0x00008000
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What the zygote set up once, before its first clone."""
+
+    state: isolation.IsolationState
+    report: list[dict[str, object]]
+    guard: landlock.Plan
+    syscalls: seccomp.Filter
+    fresh: snippet.Fresh | None
+    single_threaded: bool
+    vm_baseline_bytes: int
+
+
 def serve(config: ZygoteConfig, control: socket.socket) -> None:
+    ready = prepare(config)
+    control.sendall(
+        codec.dumps(
+            {
+                "pid": os.getpid(),
+                "report": ready.report,
+                "root": ready.state.root,
+                "pidns": ready.state.pidns,
+                "separate_uid": ready.state.separate_uid,
+            }
+        )
+    )
+    clone_on_request(config, control, ready)
+
+
+def prepare(config: ZygoteConfig) -> Prepared:
+    """Preload, freeze the heap, enter the namespaces and plan the second layer."""
     report = _preload(config.preload if config.mode == "fork" else [])
     # Preloaded objects are never freed; keep the collector from touching their pages
     # so forked children share them instead of copying.
@@ -64,19 +95,13 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
         }
     )
     fresh = snippet.Fresh.create() if config.mode == "fork" else None
+    return Prepared(state, report, guard, syscalls, fresh, threads == 1, _vm_size_bytes())
+
+
+def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepared) -> None:
+    """The loop: one clone per request from the supervisor, until it goes away."""
+    state = ready.state
     flags = isolation.clone_flags(state) | CLONE_PARENT
-    vm_baseline_bytes = _vm_size_bytes()
-    control.sendall(
-        codec.dumps(
-            {
-                "pid": os.getpid(),
-                "report": report,
-                "root": state.root,
-                "pidns": state.pidns,
-                "separate_uid": state.separate_uid,
-            }
-        )
-    )
     # Without a PID namespace each child's HOME and TMPDIR are its own work dir.
     env_in_place = state.pidns and dict(os.environ) == config.env
     while True:
@@ -93,16 +118,17 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             request["uid"],
             config.disk_mb,
             config.env,
-            vm_baseline_bytes,
+            ready.vm_baseline_bytes,
             request["fallback_dir"],
-            fresh,
-            guard,
-            syscalls,
+            ready.fresh,
+            ready.guard,
+            ready.syscalls,
             # The zygote, two waiting children and the other running snippets.
             nproc_headroom=config.concurrency + 3,
             env_in_place=env_in_place,
         )
-        pid = linux.fork_with_flags(flags, hooks=threads > 1)  # see fork_with_flags
+        # Without Python's at-fork hooks where that is sound (see fork_with_flags).
+        pid = linux.fork_with_flags(flags, hooks=not ready.single_threaded)
         if pid == 0:
             control.close()
             if not state.pidns:
