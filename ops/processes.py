@@ -1,6 +1,45 @@
-"""Looking at a worker host's process tree from outside (benchmarks, tests, operators)."""
+"""Looking at a worker host's process tree from outside (benchmarks, tests, operators).
+
+Plain /proc reads, not psutil: the few facts needed (owner, parent, command line,
+environment) are one read each, and psutil would be a dependency for that alone."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    uid: int  # owner of /proc/PID: the effective uid (root for a non-dumpable process)
+    ppid: int
+    cmdline: str  # arguments joined by spaces
+
+    def environ(self) -> list[bytes]:
+        """Its environment entries (``NAME=value``); empty if it is gone or unreadable."""
+        try:
+            with open(f"/proc/{self.pid}/environ", "rb") as f:
+                return f.read().split(b"\0")
+        except OSError:
+            return []
+
+
+def processes() -> Iterator[ProcessInfo]:
+    """Every live process this one may look at; those that end meanwhile are skipped."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            uid = os.stat(f"/proc/{entry}").st_uid
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        yield ProcessInfo(int(entry), uid, ppid, cmdline)
 
 
 def descendants(pid: int) -> list[int]:

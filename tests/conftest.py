@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from codepool.ops.processes import processes
 from codepool.ops.redis_server import RedisServer
 from codepool.worker import LocalExecutor
 from codepool.worker.engine.config import FALLBACK_PREFIX
@@ -42,37 +43,16 @@ def processes_of(uids: range, *, except_children_of: int = 0) -> list[str]:
     ``except_children_of``: leave out direct children of this pid (the zygote's one
     waiting child already runs as its snippet uid).
     """
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid not in uids:
-                continue
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            if except_children_of and parent == except_children_of:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return found
+    return [
+        p.cmdline
+        for p in processes()
+        if p.uid in uids and not (except_children_of and p.ppid == except_children_of)
+    ]
 
 
 def command_lines(containing: str) -> list[str]:
     """Command lines of live processes that contain ``containing``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if containing in cmdline:
-                found.append(cmdline)
-    return found
+    return [p.cmdline for p in processes() if containing in p.cmdline]
 
 
 def waiting_children(executor: LocalExecutor) -> list[int]:

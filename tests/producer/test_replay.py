@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from codepool.ops.processes import processes
 from codepool.ops.replay_command import summary_table
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
@@ -166,16 +167,7 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
 
 def _marked(mark: bytes) -> list[int]:
     """Live processes (zombies aside) whose environment holds ``mark``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if mark in f.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    return [p.pid for p in processes() if p.pid != os.getpid() and mark in p.environ()]
 
 
 def test_embedded_default_without_redis_says_how_to_get_it(tmp_path: Path) -> None:
