@@ -42,7 +42,7 @@ from codepool.ops.bench.executor import (
     Workload,
     interpreter_startup_ms,
     measure,
-    ratio_vs_reference,
+    median_of_ratios,
 )
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import RemoteSandbox
@@ -295,14 +295,8 @@ def _median(rows: Sequence[Row], value: Callable[[Row], float]) -> float:
 
 def median_ratio(results: Results, name: str) -> float | None:
     """The median over rounds of each round's e2e-vs-reference ratio."""
-    rows, refs = results.get(E2E, {}).get(name), results.get(REFERENCE, {}).get(name)
-    if not rows or not refs:
-        return None
-    ratios = [
-        ratio_vs_reference(row.measurement, ref.measurement)
-        for row, ref in zip(rows, refs, strict=False)
-    ]
-    return statistics.median(r for r in ratios if r is not None)
+    rows, refs = results.get(E2E, {}).get(name, []), results.get(REFERENCE, {}).get(name, [])
+    return median_of_ratios([r.measurement for r in rows], [r.measurement for r in refs])
 
 
 def _per_snippet(rows: Sequence[Row], total: Callable[[Row], float | None]) -> float | None:

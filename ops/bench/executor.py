@@ -317,13 +317,18 @@ def _median(rounds: Sequence[Measurement], value: Callable[[Measurement], float]
     return statistics.median(value(m) for m in rounds)
 
 
-def median_ratio(results: Results, workload: str, mode: str) -> float | None:
+def median_of_ratios(
+    rounds: Sequence[Measurement] | None, refs: Sequence[Measurement] | None
+) -> float | None:
     """The median over rounds of each round's ratio against that round's reference."""
-    rounds, refs = results.get((workload, mode)), results.get((workload, "reference"))
     if not rounds or not refs:
         return None
     ratios = [ratio_vs_reference(m, ref) for m, ref in zip(rounds, refs, strict=False)]
     return statistics.median(r for r in ratios if r is not None)
+
+
+def median_ratio(results: Results, workload: str, mode: str) -> float | None:
+    return median_of_ratios(results.get((workload, mode)), results.get((workload, "reference")))
 
 
 def print_table(workloads: Sequence[Workload], modes: Sequence[str], results: Results) -> None:
