@@ -126,6 +126,9 @@ class WorkerProcess:
         return wait_or_kill(self.process, timeout_s)
 
 
+StartWorker = Callable[..., WorkerProcess]
+
+
 @pytest.fixture
 def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Factory: start ``codepool worker`` processes; all are stopped at teardown."""

@@ -7,7 +7,6 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -19,9 +18,8 @@ from codepool.common.settings import Settings
 from codepool.ops import exporter, stats_view
 from codepool.ops.redis_server import free_port
 from codepool.producer import CodePool
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import StartWorker, wait_until
 
-StartWorker = Callable[..., WorkerProcess]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 CODES = ["print(1)"] * 3 + ["1/0", "while True: pass"]

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from codepool.common.settings import Settings
 from codepool.producer import CodePool
-from tests.conftest import WorkerProcess
-
-StartWorker = Callable[..., WorkerProcess]
+from tests.conftest import StartWorker
 
 
 def test_queue_flag_serves_that_queue(redis_url: str, start_worker: StartWorker) -> None:

@@ -7,7 +7,6 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
 
 import redis
 from rq import Queue
@@ -18,9 +17,12 @@ from codepool.common.codec import MsgpackSerializer, decode_result
 from codepool.common.keys import Keys
 from codepool.common.settings import Settings
 from codepool.producer import CodePool, RemoteSandbox
-from tests.conftest import WorkerProcess, command_lines, wait_for_dispatchers, wait_until
-
-StartWorker = Callable[..., WorkerProcess]
+from tests.conftest import (
+    StartWorker,
+    command_lines,
+    wait_for_dispatchers,
+    wait_until,
+)
 
 
 def test_results_come_back_in_input_order(redis_url: str, start_worker: StartWorker) -> None:

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,7 @@ from codepool.ops.replay_command import summary_table
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
-from tests.conftest import WorkerProcess, wait_until
-
-StartWorker = Callable[..., WorkerProcess]
+from tests.conftest import StartWorker, wait_until
 
 OPENAI_LINE = {
     "id": "oa",

@@ -4,7 +4,6 @@ worker, and a worker that keeps serving."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import redis
 
@@ -16,9 +15,7 @@ from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION, BatchJob, new_batch_id
 from codepool.producer import CodePool
 from codepool.producer.pool import Batch
-from tests.conftest import WorkerProcess
-
-StartWorker = Callable[..., WorkerProcess]
+from tests.conftest import StartWorker
 
 
 def _store_raw(url: str, batch_id: str, spec: bytes, size: int) -> None:

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from urllib.parse import urlparse
 
 from codepool.ops.processes import descendants
 from codepool.producer import CodePool
-from tests.conftest import WorkerProcess
-
-StartWorker = Callable[..., WorkerProcess]
+from tests.conftest import StartWorker
 
 
 def _exec_ms(pool: CodePool, n: int = 40) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,9 +13,7 @@ from codepool.common.limits import Limits
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
 from codepool.producer.pool import Batch
-from tests.conftest import WorkerProcess, wait_for_dispatchers, wait_until
-
-StartWorker = Callable[..., WorkerProcess]
+from tests.conftest import StartWorker, wait_for_dispatchers, wait_until
 
 
 @pytest.fixture

@@ -9,14 +9,11 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable
 
 from codepool.ops.processes import descendants, worker_role
 from codepool.producer import CodePool
 from codepool.worker.host import HOST_DIR_PREFIX
-from tests.conftest import WorkerProcess
-
-StartWorker = Callable[..., WorkerProcess]
+from tests.conftest import StartWorker, WorkerProcess
 
 
 def _kill_host(worker: WorkerProcess) -> None:

@@ -61,11 +61,15 @@ class SupervisorClient:
         self._reconnecting = False
         self.report: list[dict[str, Any]] = []
         self.supervisor_pid = 0  # serves requests; every snippet is its child
-        self.zygote_pid = 0  # the preloaded process that clones them
-        self.zygote_pids: list[int] = []  # and the light one, when there is one
+        self.zygote_pids: list[int] = []  # the zygotes that clone them: heavy, then light
         self.concurrency = 0
         self.snippet_uids: range = range(0)  # uids snippets run as (empty: worker's own)
         self.restarts = 0
+
+    @property
+    def zygote_pid(self) -> int:
+        """The heavy zygote (the one that preloaded), 0 before the first hello."""
+        return self.zygote_pids[0] if self.zygote_pids else 0
 
     # -- subclass hooks --------------------------------------------------------------
 
@@ -167,7 +171,6 @@ class SupervisorClient:
         sock.settimeout(None)
         self.report = list(hello["report"])
         self.supervisor_pid = int(hello["pid"])
-        self.zygote_pid = int(hello["zygote_pid"])
         self.zygote_pids = [int(pid) for pid in hello["zygote_pids"]]
         self.concurrency = int(hello["concurrency"])
         uids = hello.get("uids")

@@ -2,7 +2,7 @@
 length, then msgpack.
 
 Messages (maps, key ``t`` is the type):
-  supervisor -> client  ``hello``  {pid, zygote_pid, zygote_pids, report, mode,
+  supervisor -> client  ``hello``  {pid, zygote_pids, report, mode,
                                     concurrency, uids}
   client -> supervisor  ``run``    {id, code: bytes, limits: map}
   supervisor -> client  ``result`` {id, r: ExecResult fields}

@@ -132,7 +132,6 @@ class Supervisor:
             {
                 "t": "hello",
                 "pid": os.getpid(),
-                "zygote_pid": self.zygote.pid,
                 "zygote_pids": [zygote.pid for zygote in self.zygotes.values()],
                 "report": self.report,
                 "mode": self.config.mode,
