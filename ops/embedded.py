@@ -27,8 +27,11 @@ READY_TIMEOUT_S = 120.0
 
 @contextmanager
 def embedded_pool(concurrency: int, preload: tuple[str, ...] = ("numpy", "sympy")) -> Iterator[str]:
-    """Yield the URL of a private Redis with one ``codepool worker`` serving it."""
+    """Yield the URL of a private Redis with one ``codepool worker`` serving it. The
+    server binary is the first ``server_binary.find_server_binary`` finds (logged)."""
     server = RedisServer(unix_socket=True).start()
+    if server.binary is not None:  # always, once started
+        log.info("embedded: private Redis %s", server.binary.describe())
     log_file = tempfile.NamedTemporaryFile(prefix="codepool-worker-", suffix=".log", delete=False)
     name = f"embedded-{os.getpid()}"
     worker = subprocess.Popen(

@@ -27,7 +27,7 @@ import redis
 
 from codepool.common.errors import CodepoolError, ConfigError
 from codepool.ops.processes import descendants
-from codepool.ops.redis_server import INSTALL_HINT
+from codepool.ops.server_binary import find_server_binary
 from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
@@ -294,9 +294,7 @@ class Fleet:
         _ip("-n", ns, "link", "set", "lo", "up")
 
     def _start_redis(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise ConfigError(INSTALL_HINT)
+        binary = find_server_binary().path
         argv = ["ip", "netns", "exec", self.hub, binary, "--port", str(REDIS_PORT)]
         argv += ["--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"]
         argv += ["--dir", self._dir, "--unixsocket", os.path.join(self._dir, "redis.sock")]

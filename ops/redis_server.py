@@ -1,5 +1,6 @@
-"""Start and stop a private ``redis-server``: for tests, benchmarks and the embedded
-default of ``codepool replay``. Never touches a Redis someone else runs."""
+"""Start and stop a private Redis server (whichever binary ``server_binary`` finds): for
+tests, benchmarks and the embedded default of ``codepool replay``. Never touches a Redis
+someone else runs."""
 
 from __future__ import annotations
 
@@ -14,13 +15,9 @@ from dataclasses import dataclass, field
 import redis
 
 from codepool.common.errors import ConfigError
+from codepool.ops.server_binary import ServerBinary, find_server_binary
 from codepool.worker.engine.leftovers import socket_bases
 from codepool.worker.engine.reaping import wait_or_kill
-
-INSTALL_HINT = (
-    "no redis-server binary found: install one (Debian/Ubuntu: "
-    "`apt-get install redis-server`, macOS: `brew install redis`) or pass --url"
-)
 
 
 def free_port() -> int:
@@ -31,16 +28,19 @@ def free_port() -> int:
 
 @dataclass
 class RedisServer:
-    """A redis-server child process on a free port (or a unix socket) in a temp dir.
+    """A Redis server child process on a free port (or a unix socket) in a temp dir.
 
     appendonly: AOF with ``appendfsync everysec`` (for restart tests); else no persistence.
     unix_socket: listen on a socket file in the temp dir instead of TCP.
+    binary: the server binary; default the first ``find_server_binary`` finds (raises
+        ConfigError, saying what to install, when there is none).
     """
 
     appendonly: bool = False
     unix_socket: bool = False
     port: int = 0
     extra_args: list[str] = field(default_factory=list)
+    binary: ServerBinary | None = None
     process: subprocess.Popen[bytes] | None = None
     dir: str = ""
 
@@ -50,17 +50,20 @@ class RedisServer:
             return f"unix://{os.path.join(self.dir, 'redis.sock')}"
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.binary.path) if self.binary else "the Redis server"
+
     def start(self, timeout_s: float = 10.0) -> RedisServer:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise ConfigError(INSTALL_HINT)
+        if self.binary is None:
+            self.binary = find_server_binary()
         if not self.dir:
             # Short enough for the path of its Unix socket, whatever TMPDIR is.
             self.dir = tempfile.mkdtemp(prefix="codepool-redis-", dir=socket_bases()[0])
         if not self.port and not self.unix_socket:
             self.port = free_port()
         args = [
-            binary,
+            self.binary.path,
             "--dir",
             self.dir,
             "--save",
@@ -104,9 +107,9 @@ class RedisServer:
                 except redis.RedisError:
                     pass
                 if self.process is not None and self.process.poll() is not None:
-                    raise ConfigError(f"redis-server exited: see {self.dir}/redis.log")
+                    raise ConfigError(f"{self.name} exited: see {self.dir}/redis.log")
                 if time.monotonic() > deadline:
-                    raise ConfigError(f"redis-server did not answer within {timeout_s} s")
+                    raise ConfigError(f"{self.name} did not answer within {timeout_s} s")
                 time.sleep(0.02)
         finally:
             client.close()

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from codepool.common.errors import ConfigError
 from codepool.ops.processes import processes
 from codepool.ops.redis_server import RedisServer
+from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
 from codepool.worker.engine.config import FALLBACK_PREFIX
 from codepool.worker.engine.reaping import wait_or_kill
@@ -198,3 +200,11 @@ def wait_for_dispatchers(
             time.sleep(0.05)
     finally:
         client.close()
+
+
+def pytest_report_header() -> str:
+    """Which server binary the suite's own Redis servers run (see ops/server_binary.py)."""
+    try:
+        return f"redis server: {find_server_binary().describe()}"
+    except ConfigError as exc:
+        return f"redis server: none ({exc})"

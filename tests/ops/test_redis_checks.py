@@ -4,7 +4,6 @@ ACL user in ops/deploy/redis.conf is enough for a real worker and producer."""
 from __future__ import annotations
 
 import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +14,11 @@ from typing import Any
 import pytest
 import redis
 
+from codepool.common.errors import ConfigError
 from codepool.common.keys import Keys
 from codepool.ops.redis_checks import check_redis, main, redact
 from codepool.ops.redis_server import free_port
+from codepool.ops.server_binary import find_server_binary
 from codepool.producer import CodePool
 from tests.conftest import WorkerProcess, wait_for_dispatchers
 
@@ -124,10 +125,11 @@ class AclRedis:
 
 @pytest.fixture
 def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
-    """A private redis-server that includes ops/deploy/redis.conf (passwords filled in)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("no redis-server binary")
+    """A private Redis server that includes ops/deploy/redis.conf (passwords filled in)."""
+    try:
+        binary = find_server_binary().path
+    except ConfigError as exc:
+        pytest.skip(str(exc))
     server = AclRedis(free_port(), secrets.token_hex(16), secrets.token_hex(16))
     fragment = FRAGMENT.read_text()
     assert fragment.count("CHANGE_ME_admin_password") == 1
