@@ -65,8 +65,7 @@ def needed_paths() -> list[str]:
         sys.base_prefix,
         sys.exec_prefix,
         sys.base_exec_prefix,
-        os.path.dirname(sys.executable),
-        os.path.dirname(os.path.realpath(sys.executable)),
+        *(os.path.dirname(hop) for hop in symlink_hops(sys.executable)),
         *sys.path,
         *codepool.common.__path__,
         *codepool.worker.__path__,
@@ -85,6 +84,18 @@ def needed_paths() -> list[str]:
         if not any(path == o or path.startswith(o.rstrip("/") + "/") for o in outer):
             outer.append(path)
     return outer
+
+
+def symlink_hops(path: str, limit: int = 40) -> list[str]:
+    """``path`` and every link it resolves through, to the real file: spawn mode execs
+    the interpreter by its own name, so each hop must exist in a snippet's mounts too (a
+    venv's ``python3`` may link through a directory under the private ``/tmp``)."""
+    hops = [os.path.abspath(path)]
+    while os.path.islink(hops[-1]) and len(hops) < limit:
+        target = os.readlink(hops[-1])
+        hops.append(os.path.normpath(os.path.join(os.path.dirname(hops[-1]), target)))
+    real = os.path.realpath(path)
+    return hops if hops[-1] == real else [*hops, real]
 
 
 def _under(path: str, root: str) -> bool:
