@@ -19,6 +19,7 @@ from typing import Any
 
 from rq import Queue, SimpleWorker
 from rq.job import Job
+from rq.worker import WorkerStatus
 
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.connection import redis_client
@@ -71,6 +72,12 @@ class Dispatcher(SimpleWorker):
             )
         elif isinstance(job, CodepoolJob) and self.runner is not None:
             job.runner = self.runner
+            # Busy before the first claim: RQ answers a SIGTERM in any other state by
+            # raising StopRequested wherever the dispatcher is; after a claim that skipped
+            # the job's finish, and the clean exit then gave the lease up with the claimed
+            # indices never run nor given back (the batch waited for its deadline). Busy,
+            # the SIGTERM waits for the job, whose finish gives back what it claimed.
+            self.set_state(WorkerStatus.BUSY)
             # Snippets start now and run while RQ does its per-job bookkeeping.
             job.execution = self.runner.prestart(job)
         super().execute_job(job, queue)
