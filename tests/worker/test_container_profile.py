@@ -5,6 +5,7 @@ executor's defaults. It finds no namespaces, says so, and the second layer holds
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -47,7 +48,9 @@ def test_a_container_profile_without_namespaces_still_isolates() -> None:
     # It found no namespaces and said why, rather than failing.
     assert not report["network"][0] and "cannot unshare" in report["network"][1]
     assert not report["processes"][0]
-    assert report["landlock"][0] and report["seccomp"][0] and report["uid"][0]
+    assert report["landlock"][0] and report["seccomp"][0]
+    # A uid of its own per snippet only where the worker is root.
+    assert report["uid"][0] is (os.geteuid() == 0)
     assert out["plain"] == "5\n"
     for name in ("udp", "tcp", "host-file", "tmp-write"):
         assert out[name] == "error", (name, out[name])

@@ -10,7 +10,7 @@ import pytest
 
 from codepool.common import format_tool_content
 from codepool.worker import LocalExecutor
-from tests.conftest import assert_nothing_left, processes_of, wait_until
+from tests.conftest import assert_nothing_left, needs_root, processes_of, wait_until
 
 
 def test_print(executor: LocalExecutor) -> None:
@@ -274,6 +274,7 @@ def test_only_stdio_is_open(executor: LocalExecutor) -> None:
     assert_nothing_left(executor)
 
 
+@needs_root
 def test_runs_as_unprivileged_uid(executor: LocalExecutor) -> None:
     r = executor.run("import os\nprint(os.getuid(), os.geteuid(), os.getgroups())")
     uid, euid, groups = r.stdout.split(" ", 2)

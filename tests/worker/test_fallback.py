@@ -14,9 +14,10 @@ from codepool.common.errors import ExecutorError
 from codepool.ops.doctor import host_listeners
 from codepool.worker import LocalExecutor
 from codepool.worker.engine.config import FALLBACK_PREFIX
-from tests.conftest import processes_of
+from tests.conftest import needs_root, processes_of
 
 
+@needs_root  # the uid sweep is the root fallback; non-root: tests/worker/test_rootless.py
 def test_fallback_runs_and_cleans_up() -> None:
     # subprocess is preloaded: without a mount namespace the snippet uid cannot read the
     # interpreter's files under /root on this host, and the report says so.
