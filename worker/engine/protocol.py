@@ -4,9 +4,13 @@ length, then msgpack.
 Messages (maps, key ``t`` is the type):
   supervisor -> client  ``hello``  {pid, zygote_pids, report, mode,
                                     concurrency, uids}
-  client -> supervisor  ``run``    {id, code: bytes, limits: map}
+  client -> supervisor  ``run``    {id, code: bytes, limits: map, inputs?: map}
+                                   (inputs: Snippet.inputs_record())
   supervisor -> client  ``result`` {id, r: ExecResult fields}
-  supervisor -> child   {r: [code, auto_print, cpu_s, memory_mb, max_file_mb, max_procs]}
+  supervisor -> child   {r: [code, auto_print, cpu_s, memory_mb, max_file_mb, max_procs,
+                             rich_tracebacks, (stdin, files, fetch, cells, cell_timeout_s)]}
+  child -> supervisor   "R" (ready), with the work dir's fd when files are fetched and
+                        the notebook record fd for cells (SCM_RIGHTS)
 """
 
 from __future__ import annotations
