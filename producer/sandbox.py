@@ -63,6 +63,7 @@ class RemoteSandbox:
         self.run = run
         self.linger_s = linger_s
         self.max_batch = max_batch
+        self._deadline_given = deadline_s
         self.deadline_s = deadline_s if deadline_s is not None else timeout + 300.0
         self.markers = markers
         self.limits = dict(limits, timeout_s=timeout)
@@ -180,12 +181,14 @@ class RemoteSandbox:
     def _submit_batch(self, calls: list[_Call], *, collect_here: bool = True) -> None:
         """Submit ``calls`` (counted in flight already) as one batch and collect it here
         or on a collector thread."""
+        limits = {**self.limits, **dict(calls[0][3])}
+        deadline_s = self._deadline_given or limits["timeout_s"] + 300.0
         try:
             batch = self.pool.submit(
                 [snippet for snippet, _, _, _ in calls],
                 run=self.run,
-                deadline_s=self.deadline_s,
-                **{**self.limits, **dict(calls[0][3])},
+                deadline_s=deadline_s,
+                **limits,
             )
         except CodepoolError as exc:
             log.error("could not submit a batch of %d snippets: %s", len(calls), exc)
