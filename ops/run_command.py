@@ -22,6 +22,11 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print a trailing expression's value, like a notebook",
     )
+    parser.add_argument(
+        "--rich-tracebacks",
+        action="store_true",
+        help="tracebacks with source lines and markers (default: as the reference's)",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -29,7 +34,9 @@ def run_command(args: argparse.Namespace) -> int:
     from codepool.common import Limits
     from codepool.ops import run
 
-    limits = Limits(timeout_s=args.timeout, auto_print=args.auto_print)
+    limits = Limits(
+        timeout_s=args.timeout, auto_print=args.auto_print, rich_tracebacks=args.rich_tracebacks
+    )
     return run.main(
         args.source,
         is_code=args.is_code,
