@@ -69,11 +69,14 @@ QWEN_LINE = {
 def test_rollout_formats() -> None:
     assert calls_in_line(json.dumps({"id": 7, "code": "x = 1"}), 1) == [Call("7", "x = 1")]
     assert calls_in_line(json.dumps({"code": "x"}), 4) == [Call("4", "x")]
+    # The tool messages answering them are the recorded observations (oa:1 has none).
     assert calls_in_line(json.dumps(OPENAI_LINE), 1) == [
-        Call("oa:0", "print(2 + 3)"),
+        Call("oa:0", "print(2 + 3)", recorded="5"),
         Call("oa:1", "print(7)"),
     ]
-    assert calls_in_line(json.dumps(QWEN_LINE), 1) == [Call("qw:0", "print(pow(17, 23, 1000))")]
+    assert calls_in_line(json.dumps(QWEN_LINE), 1) == [
+        Call("qw:0", "print(pow(17, 23, 1000))", recorded="713")
+    ]
     for bad in ("{not json", "[1, 2]", json.dumps({"id": 1})):
         with pytest.raises(RolloutError):
             calls_in_line(bad, 9)
@@ -106,6 +109,9 @@ def test_replay_and_resume(redis_url: str, start_worker: StartWorker, tmp_path: 
     assert records["b"]["status"] == "error"
     assert str(records["b"]["observation"]).endswith("ZeroDivisionError: division by zero\n")
     assert records["t"]["observation"] == "Error: execution timed out after 1 seconds."
+    assert records["b"]["error_type"] == "ZeroDivisionError"
+    assert records["t"]["error_type"] == "timeout" and records["a"]["error_type"] is None
+    assert summary.error_types == {"ZeroDivisionError": 1, "timeout": 1}
     assert records["oa:0"]["observation"] == "5\n" and records["oa:1"]["observation"] == "7\n"
     assert records["qw:0"]["observation"] == "713\n"
     assert "ok" in summary_table(summary) and summary.statuses["timeout"] == 1
@@ -141,6 +147,7 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
             "1",
             "--report",
             str(report),
+            "--compare",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -151,6 +158,12 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     assert proc.returncode == 0, stderr
     assert "starting a private Redis" in stderr
     assert len(_read(out)) == 6 and "total" in stdout and "p95" in stdout
+    # The recorded "5" (oa:0) lacks the newline; "713" (qw:0) was stripped too.
+    assert {k: r["match"] for k, r in _read(out).items() if r["match"] is not None} == {
+        "oa:0": False,
+        "qw:0": False,
+    }
+    assert "compared   2 recorded: 0 same, 2 changed (2 only in" in stdout
     assert "Status breakdown" in report.read_text() and "<svg" in report.read_text()
     # Nothing it started outlives it: the worker host, its dispatchers and the
     # redis-server carry the replay's environment (supervisors and zygotes die with
