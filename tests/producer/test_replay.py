@@ -164,7 +164,8 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
         "qw:0": False,
     }
     assert "compared   2 recorded: 0 same, 2 changed (2 only in" in stdout
-    assert "Status breakdown" in report.read_text() and "<svg" in report.read_text()
+    page = report.read_text()
+    assert "Status breakdown" in page and "<svg" in page and "<h3>oa:0 (only" in page
     # Nothing it started outlives it: the worker host, its dispatchers and the
     # redis-server carry the replay's environment (supervisors and zygotes die with
     # their host), so none may be left holding the mark.

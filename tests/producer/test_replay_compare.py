@@ -15,6 +15,7 @@ import pytest
 from codepool.common.errors import InputError
 from codepool.common.observation import truncation_marker
 from codepool.ops.replay_command import summary_table
+from codepool.ops.report import write_report
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollout_files import COLUMNS, read_calls
@@ -97,7 +98,7 @@ def test_compare_marks_same_changed_and_not_recorded(
     redis_url: str, start_worker: StartWorker, tmp_path: Path
 ) -> None:
     start_worker()
-    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source, out, report = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "r.html"
     _write_jsonl(source, RECORDS)
     summary = replay(CodePool(redis_url), str(source), str(out), timeout_s=5.0, compare=True)
     records = _read(out)
@@ -130,6 +131,18 @@ def test_compare_marks_same_changed_and_not_recorded(
         "exit 3": 1,
     }
     assert re.search(r"^ModuleNotFoundError +1$", table, re.M)
+
+    # The report lists the changed ones, each with a side-by-side diff, and no others.
+    write_report(str(out), str(report))
+    page = report.read_text()
+    headings = re.findall(r"<h3>([^<(]+?)(?: \(only [^)]*\))?</h3>", page)
+    assert set(headings) == CHANGED and len(headings) == len(CHANGED)
+    assert page.count('<table class="diff"') == len(CHANGED)
+    qwen_section = page.split("<h3>qwen:1</h3>")[1].split("<h3>")[0]
+    assert ">41<" in qwen_section and ">42<" in qwen_section
+    assert "<h3>chat:2 (only leading/trailing whitespace differs)</h3>" in page
+    assert "3 same, 4 changed" in page
+    assert "<td>ModuleNotFoundError</td>" in page and "Error types" in page
 
 
 def test_without_compare_lines_have_no_comparison(
