@@ -81,9 +81,9 @@ def run_command(args: argparse.Namespace) -> int:
         except CodepoolError as exc:
             print(f"codepool replay: {exc}", file=sys.stderr)
             return 2
-    _print_problems("skipped", summary.bad_lines)
+    print_problems("skipped", summary.bad_lines)
     if summary.comparison is not None:
-        _print_problems("not compared", summary.comparison.unreadable)
+        print_problems("not compared", summary.comparison.unreadable)
     print(summary_table(summary))
     if args.report:
         write_report(args.output, args.report)
@@ -113,7 +113,7 @@ class Progress:
             self.stream.write("\n")
 
 
-def _print_problems(what: str, problems: list[str]) -> None:
+def print_problems(what: str, problems: list[str]) -> None:
     for problem in problems[:SHOWN_PROBLEMS]:
         print(f"{what}: {problem}", file=sys.stderr)
     if len(problems) > SHOWN_PROBLEMS:

@@ -9,6 +9,7 @@ are skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -115,9 +116,11 @@ def replay(
             summary.bad_lines.append(str(item))
         elif item.id in already:
             summary.skipped += 1
+        elif summary.comparison is None:
+            pending.append(dataclasses.replace(item, recorded=None))  # not kept for nothing
         else:
             pending.append(item)
-            if item.unreadable and summary.comparison is not None:
+            if item.unreadable:
                 summary.comparison.unreadable.append(f"{item.id}: {item.unreadable}")
     started = time.monotonic()
     with open(out_path, "a", encoding="utf-8") as out:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from codepool.ops.processes import processes
-from codepool.ops.replay_command import summary_table
+from codepool.ops.replay_command import SHOWN_PROBLEMS, print_problems, summary_table
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
@@ -204,3 +204,12 @@ def test_embedded_default_without_redis_says_how_to_get_it(tmp_path: Path) -> No
     assert proc.returncode == 2
     message = [line for line in proc.stderr.splitlines() if "redis-server" in line]
     assert len(message) == 1 and "apt-get install redis-server" in message[0]
+
+
+def test_a_dataset_of_bad_lines_prints_only_the_first_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    print_problems("skipped", [f"line {n}: not JSON" for n in range(1, 1001)])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "skipped: line 1: not JSON" and len(lines) == SHOWN_PROBLEMS + 1
+    assert lines[-1] == f"skipped: ... and {1000 - SHOWN_PROBLEMS} more"

@@ -82,6 +82,14 @@ RECORDS: list[dict[str, Any]] = [
     {"id": "syntax", "code": "x = ("},
     {"id": "exit", "code": "import sys\nsys.exit(3)"},
 ]
+# An answer that is not text: counted as not recorded, and said so.
+BAD_ANSWER = {
+    "id": "bad-answer",
+    "messages": [
+        {"role": "assistant", "content": "", "tool_calls": [_tool_call("e", "print(11)")]},
+        {"role": "tool", "tool_call_id": "e", "content": {"text": "11"}},
+    ],
+}
 SAME = {"chat:0", "qwen:0", "long-same"}
 CHANGED = {"chat:1", "chat:2", "qwen:1", "long-diff"}
 
@@ -99,10 +107,10 @@ def test_compare_marks_same_changed_and_not_recorded(
 ) -> None:
     start_worker()
     source, out, report = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "r.html"
-    _write_jsonl(source, RECORDS)
+    _write_jsonl(source, [*RECORDS, BAD_ANSWER])
     summary = replay(CodePool(redis_url), str(source), str(out), timeout_s=5.0, compare=True)
     records = _read(out)
-    assert len(records) == 14 == summary.ran
+    assert len(records) == 15 == summary.ran
     matches = {call_id: record["match"] for call_id, record in records.items()}
     assert {k for k, v in matches.items() if v is True} == SAME
     assert {k for k, v in matches.items() if v is False} == CHANGED
@@ -112,12 +120,15 @@ def test_compare_marks_same_changed_and_not_recorded(
 
     comparison = summary.comparison
     assert comparison is not None
-    assert (comparison.same, comparison.changed, comparison.not_recorded) == (3, 4, 7)
+    assert (comparison.same, comparison.changed, comparison.not_recorded) == (3, 4, 8)
     assert comparison.whitespace_only == 1  # chat:2, "9" against "9\n"
+    assert comparison.unreadable == [
+        "bad-answer:0: the answering message's content is dict, not text"
+    ]
     table = summary_table(summary)
     assert (
         "compared   7 recorded: 3 same, 4 changed (1 only in leading/trailing whitespace); "
-        "7 not recorded" in table
+        "8 not recorded (1 unreadable)" in table
     )
 
     # Error types: parsed from real tracebacks, one row each in the summary.
