@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from codepool.ops.processes import processes
-from codepool.ops.replay_command import summary_table
+from codepool.ops.replay_command import SHOWN_PROBLEMS, print_problems, summary_table
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
@@ -69,11 +69,14 @@ QWEN_LINE = {
 def test_rollout_formats() -> None:
     assert calls_in_line(json.dumps({"id": 7, "code": "x = 1"}), 1) == [Call("7", "x = 1")]
     assert calls_in_line(json.dumps({"code": "x"}), 4) == [Call("4", "x")]
+    # The tool messages answering them are the recorded observations (oa:1 has none).
     assert calls_in_line(json.dumps(OPENAI_LINE), 1) == [
-        Call("oa:0", "print(2 + 3)"),
+        Call("oa:0", "print(2 + 3)", recorded="5"),
         Call("oa:1", "print(7)"),
     ]
-    assert calls_in_line(json.dumps(QWEN_LINE), 1) == [Call("qw:0", "print(pow(17, 23, 1000))")]
+    assert calls_in_line(json.dumps(QWEN_LINE), 1) == [
+        Call("qw:0", "print(pow(17, 23, 1000))", recorded="713")
+    ]
     for bad in ("{not json", "[1, 2]", json.dumps({"id": 1})):
         with pytest.raises(RolloutError):
             calls_in_line(bad, 9)
@@ -106,6 +109,9 @@ def test_replay_and_resume(redis_url: str, start_worker: StartWorker, tmp_path: 
     assert records["b"]["status"] == "error"
     assert str(records["b"]["observation"]).endswith("ZeroDivisionError: division by zero\n")
     assert records["t"]["observation"] == "Error: execution timed out after 1 seconds."
+    assert records["b"]["error_type"] == "ZeroDivisionError"
+    assert records["t"]["error_type"] == "timeout" and records["a"]["error_type"] is None
+    assert summary.error_types == {"ZeroDivisionError": 1, "timeout": 1}
     assert records["oa:0"]["observation"] == "5\n" and records["oa:1"]["observation"] == "7\n"
     assert records["qw:0"]["observation"] == "713\n"
     assert "ok" in summary_table(summary) and summary.statuses["timeout"] == 1
@@ -141,6 +147,7 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
             "1",
             "--report",
             str(report),
+            "--compare",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -151,7 +158,14 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     assert proc.returncode == 0, stderr
     assert "starting a private Redis" in stderr
     assert len(_read(out)) == 6 and "total" in stdout and "p95" in stdout
-    assert "Status breakdown" in report.read_text() and "<svg" in report.read_text()
+    # The recorded "5" (oa:0) lacks the newline; "713" (qw:0) was stripped too.
+    assert {k: r["match"] for k, r in _read(out).items() if r["match"] is not None} == {
+        "oa:0": False,
+        "qw:0": False,
+    }
+    assert "compared   2 recorded: 0 same, 2 changed (2 only in" in stdout
+    page = report.read_text()
+    assert "Status breakdown" in page and "<svg" in page and "<h3>oa:0 (only" in page
     # Nothing it started outlives it: the worker host, its dispatchers and the
     # redis-server carry the replay's environment (supervisors and zygotes die with
     # their host), so none may be left holding the mark.
@@ -190,3 +204,12 @@ def test_embedded_default_without_redis_says_how_to_get_it(tmp_path: Path) -> No
     assert proc.returncode == 2
     message = [line for line in proc.stderr.splitlines() if "redis-server" in line]
     assert len(message) == 1 and "apt-get install redis-server" in message[0]
+
+
+def test_a_dataset_of_bad_lines_prints_only_the_first_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    print_problems("skipped", [f"line {n}: not JSON" for n in range(1, 1001)])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "skipped: line 1: not JSON" and len(lines) == SHOWN_PROBLEMS + 1
+    assert lines[-1] == f"skipped: ... and {1000 - SHOWN_PROBLEMS} more"
