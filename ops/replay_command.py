@@ -12,6 +12,7 @@ from typing import TextIO
 from codepool.common.error_types import ranked
 from codepool.common.errors import CodepoolError
 from codepool.common.settings import Settings
+from codepool.ops.arguments import add_rich_tracebacks
 from codepool.ops.embedded import embedded_pool
 from codepool.ops.report import write_report
 from codepool.producer.pool import CodePool
@@ -51,6 +52,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="compare each observation with the one recorded in the input "
         "(adds 'recorded' and 'match' to each line)",
     )
+    add_rich_tracebacks(parser)
     parser.set_defaults(handler=run_command)
 
 
@@ -75,6 +77,7 @@ def run_command(args: argparse.Namespace) -> int:
                 run=args.run,
                 compare=args.compare,
                 on_progress=progress.show,
+                rich_tracebacks=args.rich_tracebacks,
             )
             progress.close()
             pool.close()

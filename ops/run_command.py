@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from codepool.ops.arguments import Commands, add_executor_arguments
+from codepool.ops.arguments import Commands, add_executor_arguments, add_rich_tracebacks
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
@@ -22,11 +22,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print a trailing expression's value, like a notebook",
     )
-    parser.add_argument(
-        "--rich-tracebacks",
-        action="store_true",
-        help="tracebacks with source lines and markers (default: as the reference's)",
-    )
+    add_rich_tracebacks(parser)
     parser.set_defaults(handler=run_command)
 
 

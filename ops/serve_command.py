@@ -17,7 +17,7 @@ import sys
 from contextlib import ExitStack
 from types import FrameType
 
-from codepool.ops.arguments import Commands
+from codepool.ops.arguments import Commands, add_rich_tracebacks
 
 TOKEN_ENV = "CODEPOOL_SERVE_TOKEN"
 
@@ -46,11 +46,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         "-c", "--concurrency", type=int, default=2, help="slots of the embedded worker"
     )
     parser.add_argument("--run", default="serve", help="run tag for the stats")
-    parser.add_argument(
-        "--rich-tracebacks",
-        action="store_true",
-        help="tracebacks with source lines and markers (default: as the reference's)",
-    )
+    add_rich_tracebacks(parser)
     parser.add_argument("--max-in-flight", type=int, default=4096, help="more get 503")
     parser.add_argument(
         "--max-body-mb", type=float, default=64.0, help="larger request bodies get 413"

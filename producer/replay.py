@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from codepool.common.error_types import error_type
 from codepool.common.observation import format_tool_content
@@ -99,13 +100,15 @@ def replay(
     run: str = "replay",
     compare: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    **limits: Any,
 ) -> ReplaySummary:
     """Run every call of ``in_path`` not yet in ``out_path``; append results as they come.
 
     ``in_path``: JSONL or Parquet (see producer.rollout_files); ``timeout_s``: seconds per
     call; ``compare``: add ``recorded`` and ``match`` to each line and count them in
     ``summary.comparison``; ``on_progress(done, total)`` is called after each result (the
-    CLI draws a bar).
+    CLI draws a bar). Other keywords: Limits fields. A code record's fetched files come
+    back as text in the line's ``files``.
     """
     summary = ReplaySummary(comparison=Comparison() if compare else None)
     drop_partial_last_line(out_path)
@@ -125,10 +128,16 @@ def replay(
     started = time.monotonic()
     with open(out_path, "a", encoding="utf-8") as out:
         for chunk in _chunks(pending, CHUNK):
-            batch = pool.submit([call.code for call in chunk], run=run, timeout_s=timeout_s)
+            batch = pool.submit(
+                [call.runs for call in chunk], run=run, timeout_s=timeout_s, **limits
+            )
             for index, result in batch.as_completed():
                 call = chunk[index]
                 record = output_record(call.id, result, timeout_s)
+                if call.snippet is not None and call.snippet.fetch_files:
+                    record["files"] = {
+                        path: data.decode("utf-8", "replace") for path, data in result.files.items()
+                    }
                 if summary.comparison is not None:
                     record["recorded"] = call.recorded
                     record["match"] = summary.comparison.add(

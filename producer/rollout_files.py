@@ -18,7 +18,7 @@ from codepool.common.errors import InputError, MissingExtra
 from codepool.producer.rollouts import Call, RolloutError, calls_in_record
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
-COLUMNS = ("id", "code", "observation", "messages")
+COLUMNS = ("id", "code", "observation", "messages", "stdin", "files", "fetch_files")
 TYPED_COLUMNS = ("code", "observation", "messages")  # whose type must fit the record shape
 BATCH_ROWS = 1024
 INSTALL_HINT = "pip install 'codepool[parquet]'"

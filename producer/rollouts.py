@@ -2,7 +2,8 @@
 observation the policy was shown in answer (the recorded one), where the record holds it.
 
 A record (a JSONL line, a Parquet row) is either ``{"id": ..., "code": "..."}`` with an
-optional ``"observation"`` string, or a chat with ``messages`` whose assistant turns call
+optional ``"observation"`` string (and optional inputs: ``"stdin"`` text, ``"files"``
+mapping paths to text, ``"fetch_files"``), or a chat with ``messages`` whose assistant turns call
 the code tool:
 
 - OpenAI form: ``tool_calls`` with JSON ``arguments``; the answer is the ``tool`` message
@@ -19,6 +20,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from codepool.common.errors import ConfigError
+from codepool.common.snippet import Snippet
 
 # Argument names that carry the code in OpenAI-style tool calls.
 CODE_ARGUMENTS = ("code", "source", "python", "script")
@@ -43,6 +47,17 @@ class Call:
     code: str
     recorded: str | None = None
     unreadable: str = ""
+    # A code record's stdin / files / fetch_files, as a Snippet (None: plain code).
+    snippet: Snippet | None = None
+
+    @property
+    def runs(self) -> Snippet | str:
+        """What to submit: the code, or the code with its inputs."""
+        return self.snippet if self.snippet is not None else self.code
+
+
+# What a code record may give its snippet besides the code.
+INPUTS = ("stdin", "files", "fetch_files")
 
 
 class RolloutError(ValueError):
@@ -65,7 +80,8 @@ def calls_in_record(record: Any, number: int, *, unit: str = "line") -> list[Cal
     record_id = str(number) if record.get("id") is None else str(record["id"])
     if isinstance(record.get("code"), str):
         recorded, unreadable = _recorded_field(record.get("observation"))
-        return [Call(record_id, record["code"], recorded, unreadable)]
+        snippet = _inputs(record, f"{unit} {number}")
+        return [Call(record_id, record["code"], recorded, unreadable, snippet)]
     messages = record.get("messages")
     if not isinstance(messages, list):
         raise RolloutError(f"{unit} {number}: neither a 'code' string nor a 'messages' list")
@@ -158,6 +174,22 @@ class _Conversation:
         if slot in self.waiting:
             self.waiting.remove(slot)
         slot.recorded, slot.unreadable = _message_text(content)
+
+
+def _inputs(record: dict[str, Any], where: str) -> Snippet | None:
+    """A code record's ``stdin`` (text), ``files`` (path -> text) and ``fetch_files``."""
+    given = {name: record[name] for name in INPUTS if record.get(name) is not None}
+    if not given:
+        return None
+    files = given.get("files", {})
+    if isinstance(files, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in files):
+        files = given["files"] = dict(files)  # a Parquet map column reads as pairs
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise RolloutError(f"{where}: files must map paths to text")
+    try:
+        return Snippet.make(record["code"], **given)
+    except ConfigError as exc:
+        raise RolloutError(f"{where}: {exc}") from None
 
 
 def _message_text(content: Any) -> tuple[str | None, str]:

@@ -213,3 +213,30 @@ def test_a_dataset_of_bad_lines_prints_only_the_first_ones(
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "skipped: line 1: not JSON" and len(lines) == SHOWN_PROBLEMS + 1
     assert lines[-1] == f"skipped: ... and {1000 - SHOWN_PROBLEMS} more"
+
+
+def test_code_records_carry_stdin_and_files(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker()
+    source = tmp_path / "tests.jsonl"
+    lines = [
+        {"id": "a", "code": "print(int(input()) * 2)", "stdin": "21\n"},
+        {
+            "id": "b",
+            "code": "open('out', 'w').write(open('in/x').read()[::-1])",
+            "files": {"in/x": "abc"},
+            "fetch_files": ["out"],
+        },
+        {"id": "c", "code": "print(1)", "files": {"../x": "no"}},
+    ]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    summary = replay(CodePool(redis_url), str(source), str(out), timeout_s=5.0)
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["a"]["observation"] == "42\n"
+    assert records["b"]["status"] == "ok" and records["b"]["files"] == {"out": "cba"}
+    assert "files" not in records["a"]
+    assert summary.bad_lines == [
+        "line 3: files: '../x' must name a file inside the work dir (no '..')"
+    ]
