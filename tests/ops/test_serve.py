@@ -312,12 +312,14 @@ def health(server: Serve, headers: dict[str, str]) -> dict[str, Any]:
 
 def test_stopping_serve_stops_its_redis_and_worker(tmp_path: Path) -> None:
     server = start_serve(tmp_path / "serve.log", "--max-body-mb", "0.01")
-    too_big = post(server, "/run_code", {"code": "x" * 20_000, "language": "python"})
-    assert too_big.status_code == 413, too_big.text
-    started = descendants(server.process.pid)
-    names = " ".join(info.cmdline for info in processes() if info.pid in started)
-    assert "redis-server" in names and "codepool.ops.cli worker" in names, names
-    server.process.send_signal(signal.SIGTERM)
+    try:
+        too_big = post(server, "/run_code", {"code": "x" * 20_000, "language": "python"})
+        assert too_big.status_code == 413, too_big.text
+        started = descendants(server.process.pid)
+        names = " ".join(info.cmdline for info in processes() if info.pid in started)
+        assert "redis-server" in names and "codepool.ops.cli worker" in names, names
+    finally:
+        server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=60) == 0, server.log()
 
     def left() -> set[int]:
