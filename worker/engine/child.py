@@ -9,20 +9,22 @@ snippet — in this process (fork mode) or by exec'ing a fresh interpreter (spaw
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import resource
 import signal
+import struct
 import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from codepool.common import codec
 from codepool.common.limits import Limits
 from codepool.common.snippet import Snippet
 from codepool.worker.engine import cells, inputs, isolation, landlock, linux, seccomp, snippet
-from codepool.worker.engine.protocol import FrameReader, encode_frame
 
 REQUEST_FD = 3
 READY = b"R"
@@ -124,11 +126,18 @@ def _arrange_fds(request_fd: int, out_fd: int, err_fd: int, *, keep: range) -> N
         os.closerange(keep.stop, top)
 
 
+# What the supervisor sends a waiting child: a fixed header, the code, and (only when the
+# snippet has any) its inputs as msgpack. Plain bytes and struct, not msgpack for all of
+# it: every code path a child runs first is pages it faults in, and most snippets have no
+# inputs. Header: code bytes, inputs bytes, cpu_s, memory_mb, max_file_mb, max_procs,
+# auto_print, rich_tracebacks.
+_HEAD = struct.Struct("!IIIIIIBB")
+
+
 @dataclass(frozen=True)
 class Request:
-    """What the supervisor sends a waiting child: the source, its inputs and its limits,
-    already checked and reduced to what the child applies (no Limits to decode here:
-    every object a child touches is a page it copies)."""
+    """A waiting child's request: the source, its inputs and its limits, already checked
+    and reduced to what the child applies (no Limits to decode here)."""
 
     code: bytes
     auto_print: bool
@@ -145,24 +154,55 @@ class Request:
 
     @classmethod
     def encode(cls, code: bytes, limits: Limits, snippet: Snippet | None = None) -> bytes:
-        cpu_s = math.ceil(limits.effective_cpu_s)
-        fields: list[Any] = [code, limits.auto_print, cpu_s, limits.memory_mb]
-        fields += [limits.max_file_mb, limits.max_procs, limits.rich_tracebacks]
+        extra = b""
         if snippet is not None and snippet.has_inputs:
-            fields += [snippet.stdin, [list(pair) for pair in snippet.files]]
-            fields += [bool(snippet.fetch_files), snippet.cells, snippet.cell_timeout_s]
-        return encode_frame({"r": fields})
+            files = [list(pair) for pair in snippet.files]
+            fields = [snippet.stdin, files, bool(snippet.fetch_files), snippet.cells]
+            extra = codec.dumps([*fields, snippet.cell_timeout_s])
+        head = _HEAD.pack(
+            len(code),
+            len(extra),
+            math.ceil(limits.effective_cpu_s),
+            limits.memory_mb,
+            limits.max_file_mb,
+            limits.max_procs,
+            limits.auto_print,
+            limits.rich_tracebacks,
+        )
+        return head + code + extra
+
+    @classmethod
+    def decode(cls, data: bytes) -> Request:
+        code_len, extra_len, cpu_s, memory_mb, max_file_mb, max_procs, auto, rich = (
+            _HEAD.unpack_from(data)
+        )
+        code = data[_HEAD.size : _HEAD.size + code_len]
+        request = cls(code, bool(auto), cpu_s, memory_mb, max_file_mb, max_procs, bool(rich))
+        if not extra_len:
+            return request
+        stdin, files, fetch, cells, cell_timeout_s = codec.loads(data[_HEAD.size + code_len :])
+        return dataclasses.replace(
+            request,
+            stdin=stdin,
+            files=files,
+            fetch=fetch,
+            cells=cells,
+            cell_timeout_s=cell_timeout_s,
+        )
 
 
 def _read_request() -> Request | None:
-    reader = FrameReader()
-    while True:
-        data = os.read(REQUEST_FD, 1 << 20)
-        if not data:
+    data = bytearray()
+    need = _HEAD.size
+    while len(data) < need:
+        chunk = os.read(REQUEST_FD, 1 << 20)
+        if not chunk:
             return None
-        messages = reader.feed(data)
-        if messages:
-            return Request(*messages[0]["r"])
+        data += chunk
+        if need == _HEAD.size and len(data) >= need:
+            code_len, extra_len = _HEAD.unpack_from(data)[:2]
+            need += code_len + extra_len
+    return Request.decode(bytes(data))
 
 
 def _nproc_headroom(plan: ChildPlan) -> int:
