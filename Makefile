@@ -16,7 +16,7 @@ $(BIN)/codepool: pyproject.toml
 demo: $(BIN)/codepool
 	$(BIN)/codepool doctor --preload numpy,sympy
 	mkdir -p build && rm -f build/replay.jsonl
-	$(BIN)/codepool replay ops/examples/rollouts.jsonl -o build/replay.jsonl --timeout 3 --report build/replay.html
+	$(BIN)/codepool replay ops/examples/rollouts.jsonl -o build/replay.jsonl --timeout 3 --compare --report build/replay.html
 
 test: $(BIN)/codepool
 	$(BIN)/python -m pytest

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from codepool.common.autoprint import compile_snippet
+from codepool.common.error_types import error_type
 from codepool.common.errors import (
     CodepoolError,
     ConfigError,
     ExecutorError,
+    InputError,
+    MissingExtra,
     RedisUnavailable,
     WireError,
 )
@@ -27,11 +30,14 @@ __all__ = [
     "ConfigError",
     "ExecResult",
     "ExecutorError",
+    "InputError",
     "Limits",
+    "MissingExtra",
     "RedisUnavailable",
     "SandboxStats",
     "WireError",
     "compile_snippet",
+    "error_type",
     "format_tool_content",
     "sanitize",
     "truncate_tail",

@@ -21,3 +21,11 @@ class ExecutorError(CodepoolError):
 
 class RedisUnavailable(CodepoolError):
     """Raised when Redis cannot be reached within the caller's deadline."""
+
+
+class InputError(CodepoolError):
+    """Raised when an input file cannot be read as rollouts at all (format, columns)."""
+
+
+class MissingExtra(CodepoolError):
+    """Raised when a feature needs an optional dependency (an extra) that is not installed."""

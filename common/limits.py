@@ -10,6 +10,17 @@ from typing import Any
 from codepool.common.errors import ConfigError
 
 MAX_CODE_BYTES = 256 * 1024
+# The limits that are sizes and counts: positive ints, clamped to the worker's ceiling.
+_POSITIVE_INTS = (
+    "memory_mb",
+    "max_procs",
+    "max_file_mb",
+    "max_output_chars",
+    "max_code_bytes",
+    "max_stdin_bytes",
+    "max_files_bytes",
+    "max_fetch_bytes",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +35,11 @@ class Limits:
     max_output_chars: characters of stdout and of stderr kept (the tail).
     auto_print: print the value of a trailing expression, like a notebook cell.
     max_code_bytes: largest accepted source, in UTF-8 bytes.
+    rich_tracebacks: show source lines and ``^~~`` markers in tracebacks; off, a
+        traceback reads as the reference sandbox's (``File "<sandbox>", line N, in f``).
+    max_stdin_bytes: largest stdin a snippet may be given.
+    max_files_bytes: largest total size of the files written into its work dir.
+    max_fetch_bytes: largest total size of the files read back after it ends.
     """
 
     timeout_s: float = 30.0
@@ -34,6 +50,10 @@ class Limits:
     max_output_chars: int = 4096
     auto_print: bool = False
     max_code_bytes: int = MAX_CODE_BYTES
+    rich_tracebacks: bool = False
+    max_stdin_bytes: int = 8 << 20
+    max_files_bytes: int = 32 << 20
+    max_fetch_bytes: int = 16 << 20
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "cpu_s"):
@@ -44,14 +64,15 @@ class Limits:
                 raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
             if not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
-        for name in ("memory_mb", "max_procs", "max_file_mb", "max_output_chars", "max_code_bytes"):
+        for name in _POSITIVE_INTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value!r}")
-        if not isinstance(self.auto_print, bool):
-            raise ConfigError("auto_print must be a bool")
+        for name in ("auto_print", "rich_tracebacks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool")
 
     @property
     def effective_cpu_s(self) -> float:
@@ -70,15 +91,9 @@ class Limits:
         cpu = self.cpu_s
         if cpu is not None or maxima.cpu_s is not None:
             cpu = min(self.effective_cpu_s, maxima.effective_cpu_s)
-        return Limits(
-            timeout_s=min(self.timeout_s, maxima.timeout_s),
-            cpu_s=cpu,
-            memory_mb=min(self.memory_mb, maxima.memory_mb),
-            max_procs=min(self.max_procs, maxima.max_procs),
-            max_file_mb=min(self.max_file_mb, maxima.max_file_mb),
-            max_output_chars=min(self.max_output_chars, maxima.max_output_chars),
-            auto_print=self.auto_print,
-            max_code_bytes=min(self.max_code_bytes, maxima.max_code_bytes),
+        lowest = {name: min(getattr(self, name), getattr(maxima, name)) for name in _POSITIVE_INTS}
+        return dataclasses.replace(
+            self, timeout_s=min(self.timeout_s, maxima.timeout_s), cpu_s=cpu, **lowest
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from codepool.common.result import ExecResult
@@ -19,6 +20,10 @@ INFRA_MESSAGE = "Error: the code execution service could not run this code."
 
 def truncation_marker(dropped_chars: int) -> str:
     return f"[... truncated {dropped_chars} chars ...]\n"
+
+
+# The marker above with any count; it only ever starts a text (truncate_tail, decode_tail).
+TRUNCATION_MARKER = re.compile(r"\A\[\.\.\. truncated (?P<dropped>\d+) chars \.\.\.\]\n")
 
 
 def truncate_tail(text: str, max_chars: int) -> tuple[str, bool]:

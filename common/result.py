@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 STATUSES = ("ok", "error", "timeout", "memory", "signal", "rejected", "infra")
@@ -34,6 +34,12 @@ class ExecResult:
     max_rss_kb: int = 0
     worker: str = ""
     zygote: str = ""  # fork mode: "light" or "heavy", the zygote that cloned the child
+    # Snippet.fetch_files that were found: relative path -> content.
+    files: dict[str, bytes] = field(default_factory=dict)
+    # Notebook cells (Snippet.cells), one map each: stdout, stderr, display (a list of
+    # {"text/plain": repr} for a trailing expression), error (a list of {ename, evalue,
+    # traceback}). A cell the snippet never reached (killed, timed out) has no entry.
+    cells: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

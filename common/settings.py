@@ -25,6 +25,7 @@ class Settings:
     stats_flush_s: dispatchers flush aggregated counters at least this often.
     minute_stats_ttl_s: lifetime of the per-minute counters.
     max_batch_snippets: largest batch a producer may submit / a worker accepts.
+    max_batch_bytes: largest stored batch (code, stdin and files of all its snippets).
     heartbeat_s: how often each dispatcher renews its lease.
     lease_s: a dispatcher silent this long is lapsed; its unfinished snippets are
         released to run elsewhere (fleet-wide: workers and producers must agree).
@@ -44,6 +45,7 @@ class Settings:
     stats_flush_s: float = 1.0
     minute_stats_ttl_s: int = 2 * 86400
     max_batch_snippets: int = 10_000
+    max_batch_bytes: int = 256 << 20
     heartbeat_s: float = 1.0
     lease_s: float = 5.0
     max_reruns: int = 2

@@ -10,8 +10,13 @@ from typing import Any
 from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
+from codepool.common.snippet import Snippet, as_snippet
 
 SCHEMA_VERSION = 2
+# A batch whose snippets carry inputs (stdin, files, fetch_files, cells) is version 3:
+# a worker that predates inputs refuses it (rejected) rather than run it without them,
+# and plain batches stay readable by such workers.
+INPUTS_SCHEMA_VERSION = 3
 # A done-list entry with this index rejects the whole batch (its payload was unusable).
 WHOLE_BATCH = -1
 # The only function a codepool worker will run; RQ jobs naming anything else are refused.
@@ -27,34 +32,49 @@ def new_batch_id() -> str:
 @dataclass(frozen=True)
 class BatchJob:
     """One producer's batch. ``codes`` entries are UTF-8 (lone surrogates kept) or None
-    for an entry that was not a string; the worker answers those with ``rejected``."""
+    for an entry that was neither a str nor a Snippet; the worker answers those with
+    ``rejected``. ``inputs``: per snippet, its Snippet.inputs_record() (None for plain
+    code), or None for a batch without inputs."""
 
     batch_id: str
     codes: tuple[bytes | None, ...]
     limits: Limits
     run: str = ""
     submitted_at: float = 0.0
+    inputs: tuple[Any, ...] | None = None
 
     @classmethod
     def from_codes(
         cls, batch_id: str, codes: list[Any], limits: Limits, run: str, submitted_at: float
     ) -> BatchJob:
+        snippets = [as_snippet(c) for c in codes]
         encoded = tuple(
-            c.encode("utf-8", "surrogatepass") if isinstance(c, str) else None for c in codes
+            None if s is None else s.source.encode("utf-8", "surrogatepass") for s in snippets
         )
-        return cls(batch_id, encoded, limits, run, submitted_at)
+        records = tuple(None if s is None else s.inputs_record() for s in snippets)
+        inputs = records if any(r is not None for r in records) else None
+        return cls(batch_id, encoded, limits, run, submitted_at, inputs)
 
     def encode(self) -> bytes:
-        return codec.dumps(
-            {
-                "v": SCHEMA_VERSION,
-                "batch_id": self.batch_id,
-                "codes": list(self.codes),
-                "limits": codec.encode_limits(self.limits),
-                "run": self.run,
-                "submitted_at": self.submitted_at,
-            }
-        )
+        record = {
+            "v": SCHEMA_VERSION if self.inputs is None else INPUTS_SCHEMA_VERSION,
+            "batch_id": self.batch_id,
+            "codes": list(self.codes),
+            "limits": codec.encode_limits(self.limits),
+            "run": self.run,
+            "submitted_at": self.submitted_at,
+        }
+        if self.inputs is not None:
+            record["inputs"] = list(self.inputs)
+        return codec.dumps(record)
+
+    def snippet(self, index: int) -> Snippet:
+        """Snippet ``index`` with its inputs; WireError if they are malformed (that
+        snippet is rejected, not the batch). Its code must not be None."""
+        code = self.codes[index]
+        assert code is not None
+        source = code.decode("utf-8", "surrogatepass")
+        return Snippet.from_record(source, None if self.inputs is None else self.inputs[index])
 
     @classmethod
     def decode(cls, data: Any) -> BatchJob:
@@ -68,12 +88,16 @@ class BatchJob:
         submitted_at = record.get("submitted_at", 0.0)
         if not isinstance(submitted_at, (int, float)):
             raise WireError("submitted_at must be a number")
+        inputs = record.get("inputs")
+        if inputs is not None and (not isinstance(inputs, list) or len(inputs) != len(codes)):
+            raise WireError("inputs must be a list as long as codes")
         return cls(
             batch_id=batch_id,
             codes=tuple(_code_bytes(c) for c in codes),
             limits=codec.decode_limits(record.get("limits")),
             run=run,
             submitted_at=float(submitted_at),
+            inputs=None if inputs is None else tuple(inputs),
         )
 
 
@@ -94,8 +118,11 @@ def _record(data: Any, what: str) -> tuple[dict[str, Any], str]:
     record = codec.loads(data)
     if not isinstance(record, dict):
         raise WireError(f"{what} is not a map")
-    if record.get("v") != SCHEMA_VERSION:
-        raise WireError(f"{what} schema version {record.get('v')!r}, expected {SCHEMA_VERSION}")
+    if record.get("v") not in (SCHEMA_VERSION, INPUTS_SCHEMA_VERSION):
+        raise WireError(
+            f"{what} schema version {record.get('v')!r}, expected {SCHEMA_VERSION} "
+            f"or {INPUTS_SCHEMA_VERSION}"
+        )
     batch_id = record.get("batch_id")
     if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
         raise WireError("batch_id must be 1-64 characters of [A-Za-z0-9_-]")

@@ -22,3 +22,12 @@ def add_executor_arguments(parser: argparse.ArgumentParser, preload: tuple[str, 
         default=preload,
         help=f"comma-separated modules the zygote imports (default {default})",
     )
+
+
+def add_rich_tracebacks(parser: argparse.ArgumentParser) -> None:
+    """``--rich-tracebacks``: the Limits field of the same name."""
+    parser.add_argument(
+        "--rich-tracebacks",
+        action="store_true",
+        help="tracebacks with source lines and markers (default: as the reference's)",
+    )

@@ -11,11 +11,20 @@ from codepool.ops import (
     exporter,
     replay_command,
     run_command,
+    serve_command,
     stats_view,
     worker_command,
 )
 
-SUBCOMMANDS = (doctor_command, worker_command, replay_command, stats_view, exporter, run_command)
+SUBCOMMANDS = (
+    doctor_command,
+    worker_command,
+    replay_command,
+    serve_command,
+    stats_view,
+    exporter,
+    run_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

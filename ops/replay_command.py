@@ -1,4 +1,4 @@
-"""``codepool replay IN.jsonl -o OUT.jsonl``: replay a rollout batch, embedded by default."""
+"""``codepool replay IN -o OUT.jsonl``: replay a rollout batch, embedded by default."""
 
 from __future__ import annotations
 
@@ -9,19 +9,30 @@ import time
 from contextlib import ExitStack
 from typing import TextIO
 
+from codepool.common.error_types import ranked
 from codepool.common.errors import CodepoolError
 from codepool.common.settings import Settings
+from codepool.ops.arguments import add_rich_tracebacks
 from codepool.ops.embedded import embedded_pool
 from codepool.ops.report import write_report
 from codepool.producer.pool import CodePool
 from codepool.producer.replay import ReplaySummary, replay
+from codepool.producer.rollout_files import check_readable
+
+SHOWN_PROBLEMS = 20  # skipped lines and unreadable answers printed one by one
+SHOWN_ERROR_TYPES = 10  # rows of the error-type table; the rest are summed as "other"
+NAME_CHARS = 48  # longer error-type names are shortened in the table
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "replay", help="replay a saved rollout batch (JSONL) and write one line per code call"
+        "replay",
+        help="replay a saved rollout batch (JSONL or Parquet) and write one line per code call",
     )
-    parser.add_argument("input", help="JSONL: lines with 'code', or chat 'messages'")
+    parser.add_argument(
+        "input",
+        help="JSONL (or .parquet rows of the same shape): records with 'code', or chat 'messages'",
+    )
     parser.add_argument("-o", "--output", required=True, help="JSONL results (appended, resumed)")
     parser.add_argument(
         "--url",
@@ -35,6 +46,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     parser.add_argument("--run", default="replay", help="run tag for the stats")
     parser.add_argument("--report", default=None, help="write an HTML report here")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="compare each observation with the one recorded in the input "
+        "(adds 'recorded' and 'match' to each line)",
+    )
+    add_rich_tracebacks(parser)
     parser.set_defaults(handler=run_command)
 
 
@@ -42,6 +60,7 @@ def run_command(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("REDIS_URL")
     with ExitStack() as stack:
         try:
+            check_readable(args.input)
             if url is None:
                 print(
                     "no --url and no REDIS_URL: starting a private Redis and a local worker",
@@ -56,15 +75,18 @@ def run_command(args: argparse.Namespace) -> int:
                 args.output,
                 timeout_s=args.timeout,
                 run=args.run,
+                compare=args.compare,
                 on_progress=progress.show,
+                rich_tracebacks=args.rich_tracebacks,
             )
             progress.close()
             pool.close()
         except CodepoolError as exc:
             print(f"codepool replay: {exc}", file=sys.stderr)
             return 2
-    for line in summary.bad_lines:
-        print(f"skipped: {line}", file=sys.stderr)
+    print_problems("skipped", summary.bad_lines)
+    if summary.comparison is not None:
+        print_problems("not compared", summary.comparison.unreadable)
     print(summary_table(summary))
     if args.report:
         write_report(args.output, args.report)
@@ -94,16 +116,48 @@ class Progress:
             self.stream.write("\n")
 
 
+def print_problems(what: str, problems: list[str]) -> None:
+    for problem in problems[:SHOWN_PROBLEMS]:
+        print(f"{what}: {problem}", file=sys.stderr)
+    if len(problems) > SHOWN_PROBLEMS:
+        print(f"{what}: ... and {len(problems) - SHOWN_PROBLEMS} more", file=sys.stderr)
+
+
 def summary_table(summary: ReplaySummary) -> str:
-    """The status breakdown and run-time line printed after a replay."""
+    """The status and error-type breakdowns, the comparison and the run-time line printed
+    after a replay."""
     lines = [f"{'status':<10} {'count':>7} {'share':>7}"]
     for status, count in summary.statuses.most_common():
         lines.append(f"{status:<10} {count:>7} {count / max(1, summary.ran):>7.1%}")
     rate = summary.ran / summary.wall_s if summary.wall_s else 0.0
-    lines += [
+    lines.append(
         f"{'total':<10} {summary.ran:>7}   (skipped {summary.skipped} already done, "
-        f"{len(summary.bad_lines)} bad lines)",
+        f"{len(summary.bad_lines)} bad lines)"
+    )
+    lines += error_type_table(summary)
+    if summary.comparison is not None:
+        lines.append(f"compared   {summary.comparison.describe()}")
+    lines.append(
         f"run time p50 {summary.percentile_ms(0.5):.1f} ms, "
-        f"p95 {summary.percentile_ms(0.95):.1f} ms; {rate:.1f} calls/s over {summary.wall_s:.1f} s",
-    ]
+        f"p95 {summary.percentile_ms(0.95):.1f} ms; {rate:.1f} calls/s over {summary.wall_s:.1f} s"
+    )
     return "\n".join(lines)
+
+
+def error_type_table(summary: ReplaySummary) -> list[str]:
+    """Rows of failures by error type, the most common first (none when all succeeded)."""
+    if not summary.error_types:
+        return []
+    kinds = [(_shorten(name), count) for name, count in ranked(summary.error_types)]
+    shown = kinds[:SHOWN_ERROR_TYPES]
+    if len(kinds) > SHOWN_ERROR_TYPES:
+        rest = kinds[SHOWN_ERROR_TYPES:]
+        shown.append((f"other ({len(rest)} types)", sum(count for _, count in rest)))
+    width = max(len("error type"), *(len(name) for name, _ in shown))
+    lines = [f"{'error type':<{width}} {'count':>7}"]
+    lines += [f"{name:<{width}} {count:>7}" for name, count in shown]
+    return lines
+
+
+def _shorten(name: str) -> str:
+    return name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 1] + "…"

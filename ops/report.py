@@ -1,14 +1,19 @@
-"""``codepool replay --report FILE.html``: the run-time histogram and the status
-breakdown of a replay output, as one self-contained HTML page (inline SVG, no plotting
-library needed)."""
+"""``codepool replay --report FILE.html``: one self-contained HTML page from a replay's
+output: the status and error-type breakdowns, the run-time histogram and, for a
+``--compare`` replay, the observations that changed, each as a side-by-side diff."""
 
 from __future__ import annotations
 
+import difflib
 import html
 import json
 from collections import Counter
+from dataclasses import dataclass, field
 
+from codepool.common.error_types import ranked
 from codepool.common.quantile import nearest_rank
+from codepool.ops.charts import bar_chart, column_chart, number
+from codepool.producer.compare import Comparison, only_whitespace_differs
 
 STATUS_COLORS = {
     "ok": "#2e7d32",
@@ -19,22 +24,70 @@ STATUS_COLORS = {
     "rejected": "#546e7a",
     "infra": "#000000",
 }
+ERROR_TYPE_COLOR = "#c62828"
 # Log-spaced buckets from 0.5 ms to 60 s: snippet run times span five decades.
 BUCKET_EDGES_S = [0.0005 * 2**k for k in range(18)]
+MAX_DIFFS = 100  # changed observations shown as diffs; the output file has them all
+DIFF_WRAP_CHARS = 70
+
+STYLE = """
+body{font-family:sans-serif;margin:2em;max-width:1400px}
+td,th{padding:2px 10px;text-align:right}
+td:first-child,th:first-child{text-align:left}
+td:first-child{overflow-wrap:anywhere;max-width:40em}
+svg.chart{max-width:100%;height:auto;display:block;margin:1em 0}
+table.diff{font-family:monospace;border-collapse:collapse;margin:.5em 0 1.5em;text-align:left}
+table.diff td,table.diff th{text-align:left;vertical-align:top;padding:1px 6px}
+.diff_header{background:#eee;color:#555}
+.diff_next{display:none}
+.diff_add{background:#c8f0c8}.diff_chg{background:#f7f0a0}.diff_sub{background:#f5c0c0}
+"""
 
 
-def load(out_path: str) -> tuple[Counter[str], list[float]]:
-    statuses: Counter[str] = Counter()
-    exec_s: list[float] = []
-    with open(out_path, encoding="utf-8") as f:
+@dataclass
+class ReplayOutput:
+    """What a replay's output file holds, tallied for the report."""
+
+    statuses: Counter[str] = field(default_factory=Counter)
+    error_types: Counter[str] = field(default_factory=Counter)
+    exec_s: list[float] = field(default_factory=list)
+    comparison: Comparison = field(default_factory=Comparison)
+    compared: bool = False  # any line carries a comparison
+    changed: list[tuple[str, str, str]] = field(default_factory=list)  # id, recorded, now
+
+
+def load(out_path: str) -> ReplayOutput:
+    """Tally a replay's output file (unreadable lines are passed over)."""
+    data = ReplayOutput()
+    with open(out_path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            statuses[str(record.get("status"))] += 1
-            exec_s.append(float(record.get("exec_s") or 0.0))
-    return statuses, exec_s
+            if not isinstance(record, dict):
+                continue
+            _add(data, record)
+    return data
+
+
+def _add(data: ReplayOutput, record: dict[str, object]) -> None:
+    status = str(record.get("status"))
+    data.statuses[status] += 1
+    exec_s = record.get("exec_s")
+    data.exec_s.append(float(exec_s) if isinstance(exec_s, int | float) else 0.0)
+    # Lines of a replay from before error types were recorded count under their status.
+    kind = record.get("error_type", None if status == "ok" else status)
+    if kind is not None:
+        data.error_types[str(kind)] += 1
+    if "match" not in record:
+        return
+    data.compared = True
+    recorded, observation = record.get("recorded"), str(record.get("observation", ""))
+    if not isinstance(recorded, str):
+        data.comparison.add(None, observation)
+    elif data.comparison.add(recorded, observation) is False and len(data.changed) < MAX_DIFFS:
+        data.changed.append((str(record.get("id")), recorded, observation))
 
 
 def histogram(values_s: list[float]) -> list[tuple[float, int]]:
@@ -48,64 +101,103 @@ def histogram(values_s: list[float]) -> list[tuple[float, int]]:
     return list(zip(BUCKET_EDGES_S, counts, strict=True))
 
 
-def _bars(items: list[tuple[str, int, str]], width: int = 640, height: int = 220) -> str:
-    peak = max((count for _, count, _ in items), default=0) or 1
-    slot = width / max(1, len(items))
-    parts = [f'<svg width="{width}" height="{height + 40}" xmlns="http://www.w3.org/2000/svg">']
-    for i, (label, count, color) in enumerate(items):
-        bar = height * count / peak
-        x = i * slot
-        parts.append(
-            f'<rect x="{x + 2:.1f}" y="{height - bar:.1f}" width="{slot - 4:.1f}" '
-            f'height="{bar:.1f}" fill="{color}"><title>{html.escape(label)}: '
-            f"{count}</title></rect>"
-        )
-        parts.append(
-            f'<text x="{x + slot / 2:.1f}" y="{height + 14}" font-size="10" '
-            f'text-anchor="middle">{html.escape(label)}</text>'
-        )
-        parts.append(
-            f'<text x="{x + slot / 2:.1f}" y="{height - bar - 3:.1f}" font-size="10" '
-            f'text-anchor="middle">{count}</text>'
-        )
-    parts.append("</svg>")
-    return "\n".join(parts)
+def bucket_label(edge_s: float, *, last: bool = False) -> str:
+    """``≤0.5 ms``, ``≤16 ms``, ``≤2 s``; the last bucket also holds everything above."""
+    if last:
+        return f">{edge_s / 2:.3g} s"
+    return f"≤{edge_s * 1e3:g} ms" if edge_s < 1 else f"≤{edge_s:.3g} s"
 
 
-def _label(edge_s: float) -> str:
-    return f"≤{edge_s * 1e3:.0f}ms" if edge_s < 1 else f"≤{edge_s:.0f}s"
-
-
-def render(statuses: Counter[str], exec_s: list[float], title: str) -> str:
-    total = sum(statuses.values())
-    status_items = [(s, c, STATUS_COLORS.get(s, "#888")) for s, c in statuses.most_common()]
-    buckets = histogram(exec_s)
-    last = max((i for i, (_, count) in enumerate(buckets) if count), default=0)
-    hist_items = [(_label(edge), count, "#1565c0") for edge, count in buckets[: last + 1]]
-    p50, p95 = nearest_rank(exec_s, 0.5) * 1e3, nearest_rank(exec_s, 0.95) * 1e3
+def render(data: ReplayOutput, title: str) -> str:
+    total = sum(data.statuses.values())
+    failed = sum(data.error_types.values())
+    status_items = [(s, c, STATUS_COLORS.get(s, "#888")) for s, c in data.statuses.most_common()]
+    type_items = [(t, c, ERROR_TYPE_COLOR) for t, c in ranked(data.error_types)]
+    p50, p95 = nearest_rank(data.exec_s, 0.5) * 1e3, nearest_rank(data.exec_s, 0.95) * 1e3
+    overview = f"{number(total)} calls; run time p50 {p50:.1f} ms, p95 {p95:.1f} ms."
+    sections = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{overview if total else 'No calls.'}</p>",
+        "<h2>Status breakdown</h2>",
+        bar_chart(status_items),
+        _table(("status", "count", "share"), status_items, total),
+        "<h2>Error types</h2>",
+    ]
+    if type_items:
+        sections += [
+            bar_chart(type_items, value_title="failed calls"),
+            _table(("error type", "count", "share of failures"), type_items, failed),
+        ]
+    else:
+        sections.append("<p>No call failed.</p>")
+    sections += ["<h2>Run-time histogram</h2>", _histogram(data.exec_s)]
+    if data.compared:
+        sections += _comparison(data)
+    body = "\n".join(sections)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 10px;text-align:right}}</style>
+<style>{STYLE}</style>
 </head><body>
-<h1>{html.escape(title)}</h1>
-<p>{total} calls; run time p50 {p50:.1f} ms, p95 {p95:.1f} ms.</p>
-<h2>Status breakdown</h2>
-{_bars(status_items)}
-<table><tr><th>status</th><th>count</th><th>share</th></tr>
-{
-        "".join(
-            f"<tr><td>{html.escape(s)}</td><td>{c}</td><td>{c / max(1, total):.1%}</td></tr>"
-            for s, c, _ in status_items
-        )
-    }
-</table>
-<h2>Run-time histogram</h2>
-{_bars(hist_items)}
+{body}
 </body></html>
 """
 
 
+def _table(headers: tuple[str, str, str], items: list[tuple[str, int, str]], total: int) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    rows = "".join(
+        f"<tr><td>{html.escape(label)}</td><td>{number(count)}</td>"
+        f"<td>{count / max(1, total):.1%}</td></tr>"
+        for label, count, _ in items
+    )
+    return f"<table><tr>{head}</tr>{rows}</table>"
+
+
+def _histogram(exec_s: list[float]) -> str:
+    buckets = histogram(exec_s)
+    used = [i for i, (_, count) in enumerate(buckets) if count]
+    if not used:
+        return "<p>No calls.</p>"
+    last_index = len(buckets) - 1
+    items = [
+        (bucket_label(edge, last=i == last_index), count)
+        for i, (edge, count) in enumerate(buckets)
+        if used[0] <= i <= used[-1]
+    ]
+    return column_chart(
+        items, color="#1565c0", x_title="run time (bucket upper edge)", y_title="calls"
+    )
+
+
+def _comparison(data: ReplayOutput) -> list[str]:
+    comparison = data.comparison
+    sections = [
+        "<h2>Observations compared with the recorded ones</h2>",
+        f"<p>{html.escape(comparison.describe())}.</p>",
+    ]
+    if comparison.changed > len(data.changed):
+        sections.append(
+            f"<p>The first {len(data.changed)} changed ones are shown; every line of the "
+            'output with <code>"match": false</code> is one.</p>'
+        )
+    differ = difflib.HtmlDiff(wrapcolumn=DIFF_WRAP_CHARS)
+    for call_id, recorded, observation in data.changed:
+        note = " (only leading/trailing whitespace differs)"
+        note = note if only_whitespace_differs(recorded, observation) else ""
+        sections.append(f"<h3>{html.escape(call_id)}{note}</h3>")
+        table = differ.make_table(
+            recorded.split("\n"),
+            observation.split("\n"),
+            fromdesc="recorded (what the policy saw)",
+            todesc="replayed (now)",
+            context=True,
+            numlines=3,
+        )
+        sections.append(table)
+    return sections
+
+
 def write_report(out_path: str, report_path: str) -> None:
-    statuses, exec_s = load(out_path)
+    data = load(out_path)
     with open(report_path, "w", encoding="utf-8") as f:
-        f.write(render(statuses, exec_s, f"codepool replay: {out_path}"))
+        f.write(render(data, f"codepool replay: {out_path}"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from codepool.ops.arguments import Commands, add_executor_arguments
+from codepool.ops.arguments import Commands, add_executor_arguments, add_rich_tracebacks
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
@@ -22,6 +22,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print a trailing expression's value, like a notebook",
     )
+    add_rich_tracebacks(parser)
     parser.set_defaults(handler=run_command)
 
 
@@ -29,7 +30,9 @@ def run_command(args: argparse.Namespace) -> int:
     from codepool.common import Limits
     from codepool.ops import run
 
-    limits = Limits(timeout_s=args.timeout, auto_print=args.auto_print)
+    limits = Limits(
+        timeout_s=args.timeout, auto_print=args.auto_print, rich_tracebacks=args.rich_tracebacks
+    )
     return run.main(
         args.source,
         is_code=args.is_code,

@@ -37,6 +37,7 @@ from codepool.common.queueing import announce, announcements_for, batch_queue
 from codepool.common.result import ExecResult, infra
 from codepool.common.retry import pause
 from codepool.common.settings import Settings
+from codepool.common.snippet import INPUT_KEYWORDS
 from codepool.common.wire import RUN_TAG_MAX_CHARS, WHOLE_BATCH, BatchJob, new_batch_id
 
 log = logging.getLogger(__name__)
@@ -95,9 +96,10 @@ class CodePool:
         max_reruns: int | None = None,
         **limits: Any,
     ) -> Batch:
-        """Store ``codes`` as one batch, announce it, and return at once. Keywords:
-        Limits fields (``timeout_s``, ``memory_mb``, ...). Entries that are not str come
-        back ``rejected``; a batch over the size limit raises ConfigError.
+        """Store ``codes`` as one batch, announce it, and return at once. Entries are
+        str, or Snippet for code with stdin, files, fetch_files or notebook cells.
+        Keywords: Limits fields (``timeout_s``, ``memory_mb``, ...). Entries that are
+        neither come back ``rejected``; a batch over the size limits raises ConfigError.
 
         deadline_s: a backstop: what has no result by then comes back ``infra``
             (default: every timeout end to end plus a minute, at most an hour). Lost
@@ -118,12 +120,22 @@ class CodePool:
         reruns = self.settings.max_reruns if max_reruns is None else max_reruns
         if isinstance(reruns, bool) or not isinstance(reruns, int) or reruns < 0:
             raise ConfigError(f"max_reruns must be a non-negative int, got {reruns!r}")
+        per_snippet = sorted(set(limits).intersection(INPUT_KEYWORDS))
+        if per_snippet:
+            raise ConfigError(
+                f"{per_snippet[0]}= belongs to one snippet: submit Snippet.make(code, "
+                f"{per_snippet[0]}=...) entries"
+            )
         effective = self.limits.with_overrides(**limits)
         batch_id = new_batch_id()
-        job = BatchJob.from_codes(batch_id, codes, effective, run, time.time())
+        spec = BatchJob.from_codes(batch_id, codes, effective, run, time.time()).encode()
+        if len(spec) > self.settings.max_batch_bytes:
+            raise ConfigError(
+                f"batch of {len(spec)} bytes is over the limit of {self.settings.max_batch_bytes}"
+            )
         try:
             if codes:
-                self._store_and_announce(batch_id, job.encode(), len(codes), run, reruns)
+                self._store_and_announce(batch_id, spec, len(codes), run, reruns)
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
         return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s)

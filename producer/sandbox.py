@@ -24,11 +24,14 @@ from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
 from codepool.common.result import ExecResult, infra
 from codepool.common.sandbox_stats import SandboxStats
 from codepool.common.settings import Settings
+from codepool.common.snippet import split_inputs
 from codepool.producer.pool import Batch, CodePool
 
 log = logging.getLogger(__name__)
 
-_Call = tuple[Any, "Future[ExecResult]", float]
+# A call: its snippet, its future, when it was made, and its Limits overrides (calls
+# with the same overrides share batches).
+_Call = tuple[Any, "Future[ExecResult]", float, tuple[tuple[str, Any], ...]]
 
 
 class RemoteSandbox:
@@ -60,6 +63,7 @@ class RemoteSandbox:
         self.run = run
         self.linger_s = linger_s
         self.max_batch = max_batch
+        self._deadline_given = deadline_s
         self.deadline_s = deadline_s if deadline_s is not None else timeout + 300.0
         self.markers = markers
         self.limits = dict(limits, timeout_s=timeout)
@@ -75,15 +79,25 @@ class RemoteSandbox:
         )
         self._batcher.start()
 
-    def submit(self, code: Any) -> Future[ExecResult]:
-        """Queue one snippet for the next batch; the future resolves to its result."""
+    def submit(self, code: Any, **keywords: Any) -> Future[ExecResult]:
+        """Queue one snippet for the next batch; the future resolves to its result.
+        Keywords: the snippet's inputs (``stdin=``, ``files=``, ``fetch_files=``,
+        ``cells=``, ``cell_timeout_s=``) and Limits fields for this call only (calls
+        with the same ones share batches). ConfigError for bad keywords."""
         if self._closed:
             raise CodepoolError("RemoteSandbox is closed")
-        future: Future[ExecResult] = Future()
-        self._calls.put((code, future, time.monotonic()))
-        return future
+        call = self._call(code, keywords)
+        self._calls.put(call)
+        return call[1]
 
-    def run_code(self, code: str) -> ExecResult:
+    def _call(self, code: Any, keywords: dict[str, Any]) -> _Call:
+        snippet, overrides = split_inputs(code, keywords)
+        if overrides:
+            self.pool.limits.with_overrides(**{**self.limits, **overrides})  # checked now
+        return (snippet, Future(), time.monotonic(), tuple(sorted(overrides.items())))
+
+    def run_code(self, code: Any, **keywords: Any) -> ExecResult:
+        """Run one snippet and wait for its result. Keywords: as ``submit``'s."""
         with self._count_lock:
             # An idle sandbox runs a lone blocking call on the caller's own thread:
             # two thread hand-offs less. Anything concurrent goes through the batcher.
@@ -91,22 +105,20 @@ class RemoteSandbox:
             if direct:
                 self._in_flight += 1
         if not direct:
-            return self.submit(code).result()
-        future: Future[ExecResult] = Future()
-        call = (code, future, time.monotonic())
+            return self.submit(code, **keywords).result()
         try:
-            batch = self.pool.submit(
-                [code], run=self.run, deadline_s=self.deadline_s, **self.limits
-            )
-        except CodepoolError as exc:
-            self._resolve(call, infra(f"codepool: {exc}"))
-            return future.result()
-        self._collect(batch, [call])
-        return future.result()
+            call = self._call(code, keywords)
+        except CodepoolError:
+            with self._count_lock:
+                self._in_flight -= 1
+            raise
+        self._submit_batch([call])
+        return call[1].result()
 
-    async def arun_code(self, code: str) -> ExecResult:
+    async def arun_code(self, code: Any, **keywords: Any) -> ExecResult:
+        """``run_code`` for async callers (any event loop)."""
         # wrap_future binds to whichever loop awaits, so asyncio.run per step works.
-        return await asyncio.wrap_future(self.submit(code))
+        return await asyncio.wrap_future(self.submit(code, **keywords))
 
     def format_tool_content(self, result: ExecResult) -> str:
         return format_tool_content(result, timeout_s=self.timeout, markers=self.markers)
@@ -158,23 +170,35 @@ class RemoteSandbox:
         return False
 
     def _dispatch(self, calls: list[_Call]) -> None:
+        groups: dict[tuple[tuple[str, Any], ...], list[_Call]] = {}
+        for call in calls:
+            groups.setdefault(call[3], []).append(call)
+        with self._count_lock:
+            self._in_flight += len(calls)
+        for group in groups.values():
+            self._submit_batch(group, collect_here=False)
+
+    def _submit_batch(self, calls: list[_Call], *, collect_here: bool = True) -> None:
+        """Submit ``calls`` (counted in flight already) as one batch and collect it here
+        or on a collector thread."""
+        limits = {**self.limits, **dict(calls[0][3])}
+        deadline_s = self._deadline_given or limits["timeout_s"] + 300.0
         try:
             batch = self.pool.submit(
-                [code for code, _, _ in calls],
+                [snippet for snippet, _, _, _ in calls],
                 run=self.run,
-                deadline_s=self.deadline_s,
-                **self.limits,
+                deadline_s=deadline_s,
+                **limits,
             )
         except CodepoolError as exc:
             log.error("could not submit a batch of %d snippets: %s", len(calls), exc)
-            with self._count_lock:
-                self._in_flight += len(calls)
             for call in calls:
                 self._resolve(call, infra(f"codepool: {exc}"))
             return
-        with self._count_lock:
-            self._in_flight += len(calls)
-        self._collectors.submit(self._collect, batch, calls)
+        if collect_here:
+            self._collect(batch, calls)
+        else:
+            self._collectors.submit(self._collect, batch, calls)
 
     def _collect(self, batch: Batch, calls: list[_Call]) -> None:
         try:
@@ -187,7 +211,7 @@ class RemoteSandbox:
                     self._resolve(call, infra(f"codepool: {exc}"))
 
     def _resolve(self, call: _Call, result: ExecResult) -> None:
-        _, future, started = call
+        _, future, started, _ = call
         # latency as the reference measured it: around the caller's call.
         result = result.replace(latency=time.monotonic() - started)
         self.stats.record(result)

@@ -298,9 +298,13 @@ class BatchExecution:
                 self, index, rejected("rejected: code must be str", worker=runner.executor.name)
             )
         else:
-            future = runner.executor.submit_limited(
-                code.decode("utf-8", "surrogatepass"), self.limits
-            )
+            try:
+                snippet = batch.snippet(index)
+            except WireError as exc:
+                message = f"rejected: malformed snippet inputs: {exc}"
+                runner.writer.put(self, index, rejected(message, worker=runner.executor.name))
+                return
+            future = runner.executor.submit_limited(snippet, self.limits)
             future.add_done_callback(functools.partial(self._finished, index))
 
     def _finished(self, index: int, future: Future[ExecResult]) -> None:

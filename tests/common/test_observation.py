@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from codepool.common import ExecResult, format_tool_content, sanitize, truncate_tail
-from codepool.common.observation import INFRA_MESSAGE, decode_tail
+from codepool.common.observation import (
+    INFRA_MESSAGE,
+    TRUNCATION_MARKER,
+    decode_tail,
+    truncation_marker,
+)
 
 
 def _result(**fields: object) -> ExecResult:
@@ -49,3 +54,11 @@ def test_format_tool_content_cases() -> None:
     assert format_tool_content(timeout) == "Error: execution timed out after 5 seconds."
     down = _result(ok=False, returncode=None, status="infra", stderr="zygote died")
     assert format_tool_content(down) == INFRA_MESSAGE
+
+
+def test_truncation_marker_pattern_matches_the_marker_at_the_start_only() -> None:
+    text, _ = truncate_tail("x" * 50, 10)
+    match = TRUNCATION_MARKER.match(text)
+    assert match is not None and match["dropped"] == "40"
+    assert TRUNCATION_MARKER.fullmatch(truncation_marker(123))
+    assert TRUNCATION_MARKER.search("ok\n" + truncation_marker(5)) is None

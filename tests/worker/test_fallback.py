@@ -161,3 +161,30 @@ def test_without_either_layer_the_executor_refuses_unless_told() -> None:
         concurrency=1, preload=(), namespaces=False, landlock=False, allow_weak_isolation=True
     ) as ex:
         assert ex.run("print(1)").stdout == "1\n"
+
+
+def test_fallback_inputs_and_fetch_stay_in_the_work_dir() -> None:
+    # Without a mount namespace the work dir is a host directory the supervisor (root)
+    # reads back from: what the snippet links there must not be followed.
+    secret = tempfile.NamedTemporaryFile(prefix="codepool-secret-", delete=False)
+    secret.write(b"root only")
+    secret.close()
+    os.chmod(secret.name, 0o600)
+    try:
+        with LocalExecutor(
+            concurrency=1, mode="fork", preload=("subprocess",), namespaces=False
+        ) as ex:
+            code = (
+                "import os\n"
+                f"os.symlink({secret.name!r}, 'link')\n"
+                f"os.symlink({os.path.dirname(secret.name)!r}, 'dir')\n"
+                "open('out', 'w').write(input() + open('in').read())"
+            )
+            name = os.path.basename(secret.name)
+            r = ex.run(
+                code, stdin="a", files={"in": "b"}, fetch_files=["link", f"dir/{name}", "out"]
+            )
+            assert r.ok, r.stderr
+            assert r.files == {"out": b"ab"}
+    finally:
+        os.unlink(secret.name)

@@ -9,18 +9,22 @@ snippet — in this process (fork mode) or by exec'ing a fresh interpreter (spaw
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import resource
 import signal
+import struct
 import sys
 import traceback
-from dataclasses import dataclass
-from typing import NoReturn
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
+from codepool.common import codec
 from codepool.common.limits import Limits
-from codepool.worker.engine import isolation, landlock, linux, seccomp, snippet
-from codepool.worker.engine.protocol import FrameReader, encode_frame
+from codepool.common.snippet import Snippet
+from codepool.worker.engine import cells, inputs, isolation, landlock, linux, seccomp, snippet
 
 REQUEST_FD = 3
 READY = b"R"
@@ -74,17 +78,24 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)
+        inputs.write_files(request.files)  # before the limits: their size was checked
+        if request.stdin is not None:
+            inputs.give_stdin(request.stdin)
         _apply_limits(request, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
-        os.write(REQUEST_FD, READY)
+        record_fd = inputs.say_ready(REQUEST_FD, READY, fetch=request.fetch, cells=request.cells)
         if plan.mode == "spawn":
-            _exec_interpreter(request.code, request.auto_print, env)
+            _exec_interpreter(request, record_fd, env)
         os.close(REQUEST_FD)
     except BaseException:
         try:
             os.write(2, traceback.format_exc().encode("utf-8", "replace"))
         finally:
             os._exit(SETUP_FAILED_EXIT)
-    snippet.run_snippet(request.code, auto_print=request.auto_print)
+    if request.cells is not None:
+        cells.run_cells(
+            request.cells, request.cell_timeout_s, record_fd, rich=request.rich_tracebacks
+        )
+    snippet.run_snippet(request.code, auto_print=request.auto_print, rich=request.rich_tracebacks)
 
 
 def _restrict(plan: ChildPlan, cwd: str) -> None:
@@ -115,11 +126,18 @@ def _arrange_fds(request_fd: int, out_fd: int, err_fd: int, *, keep: range) -> N
         os.closerange(keep.stop, top)
 
 
+# What the supervisor sends a waiting child: a fixed header, the code, and (only when the
+# snippet has any) its inputs as msgpack. Plain bytes and struct, not msgpack for all of
+# it: every code path a child runs first is pages it faults in, and most snippets have no
+# inputs. Header: code bytes, inputs bytes, cpu_s, memory_mb, max_file_mb, max_procs,
+# auto_print, rich_tracebacks.
+_HEAD = struct.Struct("!IIIIIIBB")
+
+
 @dataclass(frozen=True)
 class Request:
-    """What the supervisor sends a waiting child: the source and its limits, already
-    checked and reduced to what the child applies (no Limits to decode here: every
-    object a child touches is a page it copies)."""
+    """A waiting child's request: the source, its inputs and its limits, already checked
+    and reduced to what the child applies (no Limits to decode here)."""
 
     code: bytes
     auto_print: bool
@@ -127,23 +145,64 @@ class Request:
     memory_mb: int
     max_file_mb: int
     max_procs: int
+    rich_tracebacks: bool = False
+    stdin: bytes | None = None
+    files: list[list[Any]] = field(default_factory=list)  # [path, content] pairs
+    fetch: bool = False  # hand the supervisor the work dir, to read files back from
+    cells: list[str] | None = None
+    cell_timeout_s: float | None = None
 
     @classmethod
-    def encode(cls, code: bytes, limits: Limits) -> bytes:
-        cpu_s = math.ceil(limits.effective_cpu_s)
-        fields = [code, limits.auto_print, cpu_s, limits.memory_mb, limits.max_file_mb]
-        return encode_frame({"r": [*fields, limits.max_procs]})
+    def encode(cls, code: bytes, limits: Limits, snippet: Snippet | None = None) -> bytes:
+        extra = b""
+        if snippet is not None and snippet.has_inputs:
+            files = [list(pair) for pair in snippet.files]
+            fields = [snippet.stdin, files, bool(snippet.fetch_files), snippet.cells]
+            extra = codec.dumps([*fields, snippet.cell_timeout_s])
+        head = _HEAD.pack(
+            len(code),
+            len(extra),
+            math.ceil(limits.effective_cpu_s),
+            limits.memory_mb,
+            limits.max_file_mb,
+            limits.max_procs,
+            limits.auto_print,
+            limits.rich_tracebacks,
+        )
+        return head + code + extra
+
+    @classmethod
+    def decode(cls, data: bytes) -> Request:
+        code_len, extra_len, cpu_s, memory_mb, max_file_mb, max_procs, auto, rich = (
+            _HEAD.unpack_from(data)
+        )
+        code = data[_HEAD.size : _HEAD.size + code_len]
+        request = cls(code, bool(auto), cpu_s, memory_mb, max_file_mb, max_procs, bool(rich))
+        if not extra_len:
+            return request
+        stdin, files, fetch, cells, cell_timeout_s = codec.loads(data[_HEAD.size + code_len :])
+        return dataclasses.replace(
+            request,
+            stdin=stdin,
+            files=files,
+            fetch=fetch,
+            cells=cells,
+            cell_timeout_s=cell_timeout_s,
+        )
 
 
 def _read_request() -> Request | None:
-    reader = FrameReader()
-    while True:
-        data = os.read(REQUEST_FD, 1 << 20)
-        if not data:
+    data = bytearray()
+    need = _HEAD.size
+    while len(data) < need:
+        chunk = os.read(REQUEST_FD, 1 << 20)
+        if not chunk:
             return None
-        messages = reader.feed(data)
-        if messages:
-            return Request(*messages[0]["r"])
+        data += chunk
+        if need == _HEAD.size and len(data) >= need:
+            code_len, extra_len = _HEAD.unpack_from(data)[:2]
+            need += code_len + extra_len
+    return Request.decode(bytes(data))
 
 
 def _nproc_headroom(plan: ChildPlan) -> int:
@@ -213,13 +272,22 @@ def _reseed() -> None:
         numpy_random.seed(key)
 
 
-def _exec_interpreter(code: bytes, auto_print: bool, env: dict[str, str]) -> NoReturn:
+def _exec_interpreter(request: Request, record_fd: int | None, env: dict[str, str]) -> NoReturn:
+    source = json.dumps(request.cells).encode() if request.cells is not None else request.code
     source_fd = os.memfd_create("codepool-source", 0)
-    os.write(source_fd, code)
+    os.write(source_fd, source)
     os.lseek(source_fd, 0, os.SEEK_SET)
     os.dup2(source_fd, snippet.CODE_FD)
     os.close(source_fd)
     argv = [sys.executable, "-I", "-B", "-m", "codepool.worker.engine.snippet"]
-    if auto_print:
+    if request.auto_print:
         argv.append("--auto-print")
+    if request.rich_tracebacks:
+        argv.append("--rich-tracebacks")
+    if request.cells is not None:
+        assert record_fd is not None
+        if record_fd != snippet.RECORD_FD:
+            os.dup2(record_fd, snippet.RECORD_FD)
+        os.set_inheritable(snippet.RECORD_FD, True)
+        argv += ["--cells", "" if request.cell_timeout_s is None else str(request.cell_timeout_s)]
     os.execve(sys.executable, argv, env)

@@ -24,6 +24,7 @@ from codepool.common.errors import ExecutorError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, infra, rejected
 from codepool.common.retry import retry_until
+from codepool.common.snippet import as_snippet, split_inputs
 from codepool.worker.engine.protocol import FrameReader, encode_frame, recv_one
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class _Pending:
     code: bytes
     limits: Limits
     submitted: float
+    inputs: dict[str, Any] | None = None  # Snippet.inputs_record()
     attempts: int = 0
     generation: int = -1  # which connection it was last sent on
 
@@ -85,33 +87,35 @@ class SupervisorClient:
 
     # -- public API ------------------------------------------------------------------
 
-    def submit(self, code: Any, **limits: Any) -> Future[ExecResult]:
-        """Queue one snippet; the future resolves to its ExecResult. Never raises for bad
-        code (that is a ``rejected`` result); raises ConfigError for bad limit keywords."""
+    def submit(self, code: Any, **keywords: Any) -> Future[ExecResult]:
+        """Queue one snippet (a str, or a Snippet with stdin, files, fetch_files or
+        notebook cells); the future resolves to its ExecResult. Keywords: Limits fields,
+        and the inputs of a str snippet (``stdin=``, ``files=``, ``fetch_files=``,
+        ``cells=``, ``cell_timeout_s=``). Never raises for bad code (that is a
+        ``rejected`` result); raises ConfigError for bad keywords."""
+        code, limits = split_inputs(code, keywords)
         return self.submit_limited(code, self.limits.with_overrides(**limits))
 
     def submit_limited(self, code: Any, limits: Limits) -> Future[ExecResult]:
         """Like submit, with complete Limits (clamped to ``max_limits``)."""
         effective = limits.clamp(self.max_limits)
         future: Future[ExecResult] = Future()
-        if not isinstance(code, str):
+        snippet = as_snippet(code)
+        if snippet is None:
             future.set_result(
                 rejected(f"rejected: code must be str, got {type(code).__name__}", worker=self.name)
             )
             return future
         # surrogatepass keeps lone surrogates; the child's compile() reports them as
         # Python reports undecodable source.
-        data = code.encode("utf-8", "surrogatepass")
+        data = snippet.source.encode("utf-8", "surrogatepass")
+        too_big = snippet.check_sizes(effective)
         if len(data) > effective.max_code_bytes:
-            future.set_result(
-                rejected(
-                    f"rejected: code is {len(data)} bytes, over the {effective.max_code_bytes} "
-                    "byte limit",
-                    worker=self.name,
-                )
-            )
+            too_big = f"code is {len(data)} bytes, over the {effective.max_code_bytes} byte limit"
+        if too_big:
+            future.set_result(rejected(f"rejected: {too_big}", worker=self.name))
             return future
-        pending = _Pending(future, data, effective, time.monotonic())
+        pending = _Pending(future, data, effective, time.monotonic(), snippet.inputs_record())
         with self._lock:
             if self._closing:
                 raise ExecutorError("executor is closed")
@@ -127,12 +131,13 @@ class SupervisorClient:
         # else: the reconnect re-sends everything still pending
         return future
 
-    def run(self, code: Any, **limits: Any) -> ExecResult:
-        """Run one snippet and wait for its result. Keywords: Limits fields."""
-        return self.submit(code, **limits).result()
+    def run(self, code: Any, **keywords: Any) -> ExecResult:
+        """Run one snippet and wait for its result. Keywords: as ``submit``'s."""
+        return self.submit(code, **keywords).result()
 
     def run_many(self, codes: Iterable[Any], **limits: Any) -> list[ExecResult]:
-        """Run snippets concurrently (up to ``concurrency``); results in input order."""
+        """Run snippets (str or Snippet) concurrently (up to ``concurrency``); results
+        in input order."""
         futures = [self.submit(code, **limits) for code in codes]
         return [f.result() for f in futures]
 
@@ -226,9 +231,11 @@ class SupervisorClient:
     ) -> None:
         pending.attempts += 1
         pending.generation = generation
-        frame = encode_frame(
-            {"t": "run", "id": request_id, "code": pending.code, "limits": pending.limits.to_dict()}
-        )
+        message = {"t": "run", "id": request_id, "code": pending.code}
+        message["limits"] = pending.limits.to_dict()
+        if pending.inputs is not None:
+            message["inputs"] = pending.inputs
+        frame = encode_frame(message)
         try:
             with self._send_lock:
                 sock.sendall(frame)

@@ -1,12 +1,15 @@
-"""Framing between the supervisor and its clients (and a waiting child): a 4-byte
-length, then msgpack.
+"""Framing between the supervisor and its clients: a 4-byte length, then msgpack.
 
 Messages (maps, key ``t`` is the type):
   supervisor -> client  ``hello``  {pid, zygote_pids, report, mode,
                                     concurrency, uids}
-  client -> supervisor  ``run``    {id, code: bytes, limits: map}
+  client -> supervisor  ``run``    {id, code: bytes, limits: map, inputs?: map}
+                                   (inputs: Snippet.inputs_record())
   supervisor -> client  ``result`` {id, r: ExecResult fields}
-  supervisor -> child   {r: [code, auto_print, cpu_s, memory_mb, max_file_mb, max_procs]}
+  supervisor -> child   a struct header, the code, and its inputs as msgpack when it has
+                        any (see child.Request: no msgpack for a plain snippet's child)
+  child -> supervisor   "R" (ready), with the work dir's fd when files are fetched and
+                        the notebook record fd for cells (SCM_RIGHTS)
 """
 
 from __future__ import annotations

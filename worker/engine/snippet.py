@@ -13,12 +13,14 @@ import linecache
 import os
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, TextIO
 
 from codepool.common.autoprint import FILENAME, compile_snippet
 
 CODE_FD = 3
+RECORD_FD = 4  # spawn mode, notebook cells: where each cell's record goes (see cells.py)
 
 
 @dataclass(frozen=True)
@@ -49,14 +51,22 @@ class Fresh:
         )
 
 
-def _print_exception(exc: BaseException) -> None:
+def format_exception(exc: BaseException, first_frame: Callable[[str], bool]) -> str:
+    """The traceback as ``python -c`` prints it, from the user's first frame (the
+    harness's frames above it dropped)."""
     import traceback
 
     tb = exc.__traceback__
-    # Drop the harness frames above the user's first frame, as `python -c` would show.
-    while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
+    while tb is not None and not first_frame(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def remember_source(filename: str, source: str | bytes) -> None:
+    """Let tracebacks show ``filename``'s lines (the rich form; without it a frame reads
+    ``File "<sandbox>", line N, in f`` and nothing more, as the reference's do)."""
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -77,7 +87,7 @@ def _flush() -> None:
             pass
 
 
-def _finish_threads_and_atexit() -> None:
+def finish_threads_and_atexit() -> None:
     import threading
 
     shutdown = getattr(threading, "_shutdown", None)
@@ -98,18 +108,21 @@ def prepare(fresh: Fresh) -> None:
     sys.modules["__main__"] = fresh.main
 
 
-def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
+def finish(code: int) -> NoReturn:
+    """Flush what the snippet printed and exit with ``code``."""
+    _flush()
+    os._exit(code)
+
+
+def run_snippet(source: bytes, *, auto_print: bool, rich: bool = False) -> NoReturn:
     """Execute ``source`` as ``__main__`` and exit the process with its exit code.
 
     Call :func:`prepare` first (fork mode does so while waiting for the request).
+    rich: tracebacks show source lines and markers.
     """
     main = sys.modules["__main__"]
-    linecache.cache[FILENAME] = (
-        len(source),
-        None,
-        source.decode("utf-8", "replace").splitlines(True),
-        FILENAME,
-    )
+    if rich:
+        remember_source(FILENAME, source)
     code = 0
     try:
         try:
@@ -123,14 +136,13 @@ def run_snippet(source: bytes, *, auto_print: bool) -> NoReturn:
             value = eval(tail, main.__dict__)
             if value is not None:
                 print(repr(value))
-        _finish_threads_and_atexit()
+        finish_threads_and_atexit()
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:
-        _print_exception(exc)
+        sys.stderr.write(format_exception(exc, FILENAME.__eq__))
         code = 1
-    _flush()
-    os._exit(code)
+    finish(code)
 
 
 def _read_all(fd: int) -> bytes:
@@ -142,11 +154,22 @@ def _read_all(fd: int) -> bytes:
 
 
 def main() -> NoReturn:
-    """Spawn-mode entry: source on fd 3, ``--auto-print`` on the command line."""
+    """Spawn-mode entry: source on fd 3 (notebook cells: a JSON list, records to fd 4),
+    flags on the command line: ``--auto-print``, ``--rich-tracebacks``,
+    ``--cells CELL_TIMEOUT_S`` (empty: none)."""
     source = _read_all(CODE_FD)
-    auto_print = "--auto-print" in sys.argv[1:]
+    flags = sys.argv[1:]
+    rich = "--rich-tracebacks" in flags
     prepare(Fresh.create())
-    run_snippet(source, auto_print=auto_print)
+    if "--cells" in flags:
+        import json
+
+        from codepool.worker.engine import cells
+
+        timeout = flags[flags.index("--cells") + 1]
+        cell_timeout_s = float(timeout) if timeout else None
+        cells.run_cells(json.loads(source), cell_timeout_s, RECORD_FD, rich=rich)
+    run_snippet(source, auto_print="--auto-print" in flags, rich=rich)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ from typing import Any
 from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
-from codepool.common.observation import decode_tail
 from codepool.common.result import infra, rejected
-from codepool.worker.engine import isolation, leftovers, routing
+from codepool.common.snippet import Snippet
+from codepool.worker.engine import isolation, leftovers, readback, routing
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.child import Request as ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
@@ -43,8 +43,6 @@ log = logging.getLogger("codepool.worker.engine.supervisor")
 
 # Snippet uids each supervisor may use: uid_base is spaced by this much per supervisor pid.
 UID_BLOCK = 64
-
-BYTES_PER_CHAR = 4
 
 
 @dataclass
@@ -62,6 +60,7 @@ class Request:
     limits: Limits
     received: float
     kind: str  # the zygote it goes to
+    snippet: Snippet | None = None  # its inputs, when it has any
 
 
 @dataclass
@@ -202,16 +201,21 @@ class Supervisor:
         if not isinstance(code, bytes):
             self._send(client, _rejected(request_id, "code must be bytes on the wire"))
             return
-        if len(code) > limits.max_code_bytes:
-            self._send(
-                client,
-                _rejected(
-                    request_id, f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"
-                ),
-            )
+        snippet = None
+        try:
+            if message.get("inputs") is not None:
+                snippet = Snippet.from_record("", message["inputs"])
+        except WireError as exc:
+            self._send(client, _rejected(request_id, str(exc)))
+            return
+        too_big = f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"
+        if len(code) <= limits.max_code_bytes:
+            too_big = snippet.check_sizes(limits) if snippet is not None else ""
+        if too_big:
+            self._send(client, _rejected(request_id, too_big))
             return
         kind = routing.HEAVY if self.router is None else self.router.kind(code)
-        self.queue.append(Request(client, request_id, code, limits, now, kind))
+        self.queue.append(Request(client, request_id, code, limits, now, kind, snippet))
 
     # -- children ------------------------------------------------------------------
 
@@ -265,7 +269,9 @@ class Supervisor:
             child = warm.popleft()
             child.request = request
             try:
-                child.sock.sendall(ChildRequest.encode(request.code, request.limits))
+                child.sock.sendall(
+                    ChildRequest.encode(request.code, request.limits, request.snippet)
+                )
             except OSError:
                 pass  # it died while warm; its exit is reported as an infra result
             child.started = time.monotonic()
@@ -291,10 +297,11 @@ class Supervisor:
         ended = time.monotonic()
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
-        try:
-            ready = child.sock.recv(1, socket.MSG_DONTWAIT) == READY
+        try:  # "ready", and the fds to read back from (inputs.say_ready)
+            message, handed, _, _ = socket.recv_fds(child.sock, 1, 2, socket.MSG_DONTWAIT)
+            ready = message == READY
         except OSError:
-            ready = False
+            ready, handed = False, []
         child.sock.close()
         self.running.pop(child.pid, None)
         if child in self.warm_children[child.kind]:
@@ -303,14 +310,18 @@ class Supervisor:
             log.error(
                 "a waiting child died before use (status %d): %s",
                 status,
-                _read_whole(child.err_fd)[-500:],
+                readback.read_whole(child.err_fd)[-500:],
             )
         elif child.request is not None and child.request.client is not None:
             self.prefork = self.prefork or ready
             result = _result(child, status, rusage, ended, ready)
+            if ready:
+                result.update(_read_back(child, child.request, handed))
             if self.config.mode == "fork":
                 result["zygote"] = child.kind
             self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
+        for fd in handed:
+            os.close(fd)
         os.close(child.out_fd)
         os.close(child.err_fd)
         self._clean_up_after(child)
@@ -383,18 +394,6 @@ def _kill(pid: int, *, group: bool) -> None:
             pass
 
 
-def _read_whole(fd: int) -> str:
-    size = os.fstat(fd).st_size
-    return os.pread(fd, min(size, 1 << 16), 0).decode("utf-8", "replace")
-
-
-def _read_tail(fd: int, max_chars: int) -> tuple[str, bool]:
-    size = os.fstat(fd).st_size
-    length = min(size, max_chars * BYTES_PER_CHAR + BYTES_PER_CHAR)
-    data = os.pread(fd, length, size - length) if length else b""
-    return decode_tail(data, size, max_chars)
-
-
 def _classify(returncode: int | None, timed_out: bool, stderr: str) -> str:
     if timed_out:
         return "timeout"
@@ -416,11 +415,11 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
     cpu_s = rusage.ru_utime + rusage.ru_stime
     returncode = os.waitstatus_to_exitcode(status)
     if not ready and not child.timed_out:
-        detail = _read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
+        detail = readback.read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
         failed = infra(f"codepool: sandbox setup failed: {detail}", latency=queue_s + exec_s)
         return failed.replace(exec_s=exec_s, queue_s=queue_s).to_dict()
-    stdout, out_cut = _read_tail(child.out_fd, limits.max_output_chars)
-    stderr, err_cut = _read_tail(child.err_fd, limits.max_output_chars)
+    stdout, out_cut = readback.read_tail(child.out_fd, limits.max_output_chars)
+    stderr, err_cut = readback.read_tail(child.err_fd, limits.max_output_chars)
     rc = None if child.timed_out else returncode
     return {
         "ok": rc == 0,
@@ -437,6 +436,24 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
         "cpu_s": cpu_s,
         "max_rss_kb": rusage.ru_maxrss,
     }
+
+
+def _read_back(child: Child, request: Request, handed: list[int]) -> dict[str, Any]:
+    """The fetched files and notebook cells of a child that got as far as "ready"."""
+    snippet = request.snippet
+    if snippet is None:
+        return {}
+    fds = list(handed)
+    back: dict[str, Any] = {}
+    if snippet.fetch_files and fds:
+        back["files"] = readback.fetch(
+            fds.pop(0), snippet.fetch_files, request.limits.max_fetch_bytes
+        )
+    if snippet.cells is not None and fds:
+        back["cells"] = readback.notebook_cells(
+            fds.pop(0), child.out_fd, child.err_fd, request.limits.max_output_chars
+        )
+    return back
 
 
 def _rejected(request_id: int, message: str) -> dict[str, Any]:

@@ -1,0 +1,194 @@
+"""SandboxFusion's HTTP API as codepool reads and answers it: a ``/run_code`` or
+``/run_jupyter`` request body becomes a Snippet and Limits overrides, and an ExecResult
+becomes the response body, field for field as SandboxFusion's models have them.
+
+Only Python runs here; a request naming another language is answered ``SandboxError``
+with a message saying so. Malformed bodies raise BadRequest (the server answers 4xx with
+its reason), never a half-built snippet.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from codepool.common.errors import ConfigError
+from codepool.common.result import ExecResult
+from codepool.common.snippet import Snippet
+
+LANGUAGES = ("python",)
+KERNELS = ("python3",)
+DEFAULT_RUN_TIMEOUT_S = 10.0  # SandboxFusion's defaults
+DEFAULT_TOTAL_TIMEOUT_S = 45.0
+
+
+class BadRequest(Exception):
+    """A request the server answers with ``status`` and this message."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a request asks to run: the snippet and its Limits overrides; or, for a
+    language codepool does not run, the SandboxError to answer at once."""
+
+    snippet: Snippet | None
+    limits: dict[str, Any]
+    refusal: str = ""
+
+
+def run_code_call(body: Any) -> Call:
+    """The Call a ``POST /run_code`` body asks for."""
+    fields = _object(body)
+    code = _field(fields, "code", str, required=True)
+    language = _field(fields, "language", str, required=True)
+    if language not in LANGUAGES:
+        return Call(None, {}, refusal=_unsupported("language", language, LANGUAGES))
+    _field(fields, "compile_timeout", (int, float))  # read, and ignored: nothing compiles
+    limits = {"timeout_s": _seconds(fields, "run_timeout", DEFAULT_RUN_TIMEOUT_S)}
+    limits.update(_memory(fields))
+    stdin = _field(fields, "stdin", str)
+    snippet = _snippet(fields, code=code, stdin=stdin)
+    return Call(snippet, limits)
+
+
+def run_jupyter_call(body: Any) -> Call:
+    """The Call a ``POST /run_jupyter`` body asks for: the cells in one child."""
+    fields = _object(body)
+    cells = _field(fields, "cells", list, required=True)
+    if not all(isinstance(cell, str) for cell in cells):
+        raise BadRequest("cells: every cell must be a string")
+    kernel = _field(fields, "kernel", str) or KERNELS[0]
+    if kernel not in KERNELS:
+        raise BadRequest(_unsupported("kernel", kernel, KERNELS))
+    cell_timeout = _field(fields, "cell_timeout", (int, float)) or 0
+    if not math.isfinite(cell_timeout) or cell_timeout < 0:
+        raise BadRequest("cell_timeout: must be a non-negative number of seconds (0: none)")
+    limits = {"timeout_s": _seconds(fields, "total_timeout", DEFAULT_TOTAL_TIMEOUT_S)}
+    limits.update(_memory(fields))
+    snippet = _snippet(fields, cells=cells, cell_timeout_s=cell_timeout or None)
+    return Call(snippet, limits)
+
+
+def run_code_response(result: ExecResult) -> dict[str, Any]:
+    """SandboxFusion's RunCodeResponse for ``result``."""
+    if result.status in ("infra", "rejected"):
+        return _sandbox_error(result.stderr)
+    failed = result.timed_out or result.returncode != 0
+    return {
+        "status": "Failed" if failed else "Success",
+        "message": "",
+        "compile_result": None,
+        "run_result": _command_result(result),
+        "executor_pod_name": result.worker or None,
+        "files": _encode_files(result.files),
+    }
+
+
+def run_jupyter_response(result: ExecResult) -> dict[str, Any]:
+    """SandboxFusion's RunJupyterResponse for ``result`` (cells that ran, even when the
+    whole ran out of time)."""
+    if result.status in ("infra", "rejected"):
+        return {**_sandbox_error(result.stderr), "driver": None, "cells": []}
+    finished = not result.timed_out and result.returncode == 0
+    return {
+        "status": "Success" if finished else "Failed",
+        "message": "",
+        "driver": _command_result(result),
+        "cells": result.cells,
+        "executor_pod_name": result.worker or None,
+        "files": _encode_files(result.files),
+    }
+
+
+def refusal_response(message: str, *, jupyter: bool = False) -> dict[str, Any]:
+    body = _sandbox_error(message)
+    return {**body, "driver": None, "cells": []} if jupyter else body
+
+
+def _sandbox_error(message: str) -> dict[str, Any]:
+    return {
+        "status": "SandboxError",
+        "message": message,
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": None,
+        "files": {},
+    }
+
+
+def _command_result(result: ExecResult) -> dict[str, Any]:
+    return {
+        "status": "TimeLimitExceeded" if result.timed_out else "Finished",
+        "execution_time": result.exec_s,
+        "return_code": result.returncode,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+    }
+
+
+def _encode_files(files: dict[str, bytes]) -> dict[str, str]:
+    return {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}
+
+
+def _unsupported(what: str, value: str, supported: tuple[str, ...]) -> str:
+    return f"{what} {value[:40]!r} is not supported by codepool; supported: {', '.join(supported)}"
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _field(fields: dict[str, Any], name: str, kind: Any, *, required: bool = False) -> Any:
+    value = fields.get(name)
+    if value is None:
+        if required:
+            raise BadRequest(f"{name}: field required")
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise BadRequest(f"{name}: must be {names}, got {type(value).__name__}")
+    return value
+
+
+def _seconds(fields: dict[str, Any], name: str, default: float) -> float:
+    value = _field(fields, name, (int, float))
+    value = default if value is None else float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise BadRequest(f"{name}: must be a positive number of seconds, got {value!r}")
+    return value
+
+
+def _memory(fields: dict[str, Any]) -> dict[str, Any]:
+    megabytes = _field(fields, "memory_limit_MB", (int, float))
+    if megabytes is None or megabytes <= 0:  # SandboxFusion's -1: no limit of the request's
+        return {}
+    return {"memory_mb": max(1, int(megabytes))}
+
+
+def _snippet(fields: dict[str, Any], **given: Any) -> Snippet:
+    files = _field(fields, "files", dict) or {}
+    decoded: dict[str, bytes] = {}
+    for path, content in files.items():
+        if content is None:  # SandboxFusion skips these
+            continue
+        if not isinstance(content, str):
+            raise BadRequest(f"files[{path!r}]: must be base64 text")
+        try:
+            decoded[path] = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise BadRequest(f"files[{path!r}]: not base64: {exc}") from None
+    fetch = _field(fields, "fetch_files", list) or []
+    try:
+        return Snippet.make(files=decoded, fetch_files=fetch, **given)
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None

@@ -1,0 +1,165 @@
+"""``codepool serve``: SandboxFusion's HTTP API in front of the pool (see ops/serve.py).
+
+Without ``--url`` and ``REDIS_URL`` it serves the embedded default (a private Redis and
+a local worker), all stopped when serve stops. Never an open door: listening on
+anything but loopback needs ``--token`` (or ``CODEPOOL_SERVE_TOKEN``) unless the
+operator passes ``--insecure-no-token`` for a trusted network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from contextlib import ExitStack
+from types import FrameType
+
+from codepool.ops.arguments import Commands, add_rich_tracebacks
+
+TOKEN_ENV = "CODEPOOL_SERVE_TOKEN"
+
+
+def register(commands: Commands[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "serve", help="answer SandboxFusion's HTTP API (/run_code, /run_jupyter) from the pool"
+    )
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="Redis URL of a running pool (default $REDIS_URL; without either, "
+        "a private Redis and a local worker are started and stopped with serve)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    parser.add_argument(
+        "--token", default=None, help=f"require 'Authorization: Bearer TOKEN' (or ${TOKEN_ENV})"
+    )
+    parser.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="listen beyond loopback without a token (a trusted network only)",
+    )
+    parser.add_argument(
+        "-c", "--concurrency", type=int, default=2, help="slots of the embedded worker"
+    )
+    parser.add_argument("--run", default="serve", help="run tag for the stats")
+    add_rich_tracebacks(parser)
+    parser.add_argument("--max-in-flight", type=int, default=4096, help="more get 503")
+    parser.add_argument(
+        "--max-body-mb", type=float, default=64.0, help="larger request bodies get 413"
+    )
+    parser.set_defaults(handler=serve_command)
+
+
+def refusal(host: str, token: str | None, insecure: bool) -> str:
+    """Why serve must not start as asked ('' when it may)."""
+    if token is not None and not token.strip():
+        return "--token must not be empty"
+    if token is not None or insecure or _loopback(host):
+        return ""
+    return (
+        f"refusing to listen on {host} without a token: anyone who reaches it could run "
+        f"code on this pool. Pass --token TOKEN (or set {TOKEN_ENV}; clients then send "
+        "'Authorization: Bearer TOKEN'), or --insecure-no-token on a trusted network"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    why = refusal(args.host, token, args.insecure_no_token)
+    if why:
+        print(f"codepool serve: {why}", file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+
+        from codepool.ops.serve import Service, build_app
+    except ImportError as exc:
+        print(
+            f"codepool serve needs the 'serve' extra ({exc}): pip install 'codepool[serve]'",
+            file=sys.stderr,
+        )
+        return 2
+    from codepool.common.errors import CodepoolError
+    from codepool.common.settings import Settings
+    from codepool.ops.embedded import embedded_pool
+    from codepool.producer.sandbox import RemoteSandbox
+
+    listener = _listen(args.host, args.port)
+    url = args.url or os.environ.get("REDIS_URL")
+    with ExitStack() as stack:
+        try:
+            if url is None:
+                print(
+                    "no --url and no REDIS_URL: starting a private Redis and a local worker",
+                    file=sys.stderr,
+                )
+                url = stack.enter_context(embedded_pool(args.concurrency))
+            sandbox = RemoteSandbox(
+                url,
+                run=args.run,
+                rich_tracebacks=args.rich_tracebacks,
+                settings=Settings.from_env(redis_url=url),
+            )
+        except CodepoolError as exc:
+            print(f"codepool serve: {exc}", file=sys.stderr)
+            return 2
+        stack.callback(sandbox.close)
+        service = Service(
+            sandbox,
+            token=token,
+            max_body_bytes=int(args.max_body_mb * (1 << 20)),
+            max_in_flight=args.max_in_flight,
+        )
+        host, port = listener.getsockname()[:2]
+        print(
+            f"codepool serve: SandboxFusion API on http://{host}:{port} "
+            "(POST /run_code, POST /run_jupyter, GET /health)",
+            flush=True,
+        )
+        config = uvicorn.Config(
+            build_app(service),
+            log_level="warning",
+            timeout_graceful_shutdown=10,
+        )
+        # uvicorn re-raises the signal that stopped it once it has shut down; as an
+        # exception here, so the pool (and the embedded Redis and worker) stop too.
+        signal.signal(signal.SIGTERM, _stop)
+        try:
+            uvicorn.Server(config).run(sockets=[listener])
+        except (KeyboardInterrupt, Stopped):
+            pass
+    return 0
+
+
+class Stopped(Exception):
+    pass
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise Stopped
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto named, so asyncio sets TCP_NODELAY on every accepted connection (it does for
+    # IPPROTO_TCP sockets only): a response's headers and body then never wait ~40 ms
+    # for a delayed ACK.
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(2048)  # now, so a client that read our line is never refused
+
+    return listener

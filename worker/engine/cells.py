@@ -1,0 +1,113 @@
+"""Notebook cells in one child: run in order in one ``__main__``, so state carries from
+cell to cell, each cell's output told apart.
+
+A cell's trailing expression is displayed as a notebook does (its repr, unless it is
+None or the cell ends with ``;``); an exception ends the cell, not the notebook, and is
+its ``error`` (ename, evalue, traceback lines, frames named ``<cell N>``). After each
+cell one JSON line goes to the record fd: where stdout and stderr stood (their offsets,
+so output of subprocesses is counted too), the display and the error. The supervisor
+slices the output streams by those offsets (see readback.py). A cell that outlives
+``cell_timeout_s`` gets a TimeoutError and the next cell runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from types import FrameType
+from typing import Any, NoReturn
+
+from codepool.common.autoprint import compile_snippet
+from codepool.worker.engine.snippet import (
+    finish,
+    finish_threads_and_atexit,
+    format_exception,
+    remember_source,
+)
+
+# What one record keeps of a display or an error (the supervisor cuts to the limits).
+MAX_RECORD_CHARS = 1 << 16
+MAX_TRACEBACK_LINES = 200
+
+
+class CellTimeout(TimeoutError):
+    pass
+
+
+def cell_name(number: int) -> str:
+    return f"<cell {number}>"
+
+
+def run_cells(
+    cells: list[str], cell_timeout_s: float | None, record_fd: int | None, *, rich: bool
+) -> NoReturn:
+    assert record_fd is not None
+    main = sys.modules["__main__"]
+    if cell_timeout_s is not None:
+        signal.signal(signal.SIGALRM, _on_alarm(cell_timeout_s))
+    for number, cell in enumerate(cells, 1):
+        name = cell_name(number)
+        if rich:
+            remember_source(name, cell)
+        display: str | None = None
+        error: dict[str, Any] | None = None
+        try:
+            if cell_timeout_s is not None:
+                signal.setitimer(signal.ITIMER_REAL, cell_timeout_s)
+            try:
+                body, tail = compile_snippet(cell, auto_print=True, filename=name)
+                exec(body, main.__dict__)
+                if tail is not None:
+                    value = eval(tail, main.__dict__)
+                    if value is not None and not cell.rstrip().endswith(";"):
+                        display = repr(value)
+            finally:
+                if cell_timeout_s is not None:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+        except BaseException as exc:  # SystemExit too: a kernel reports it and goes on
+            error = _error(exc)
+        _record(record_fd, display, error)
+    finish_threads_and_atexit()
+    finish(0)
+
+
+def _on_alarm(cell_timeout_s: float) -> Any:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise CellTimeout(f"the cell ran past its cell_timeout of {cell_timeout_s:g} s")
+
+    return handler
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    text = format_exception(exc, lambda filename: filename.startswith("<cell "))
+    lines = text.rstrip("\n").split("\n")[-MAX_TRACEBACK_LINES:]
+    ename = "TimeoutError" if isinstance(exc, CellTimeout) else type(exc).__name__
+    return {"ename": ename, "evalue": str(exc)[-MAX_RECORD_CHARS:], "traceback": lines}
+
+
+def _position(fd: int, stream: Any) -> int:
+    try:
+        stream.flush()
+    except Exception:  # the cell may have closed or replaced the stream
+        pass
+    try:
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:
+        return -1
+
+
+def _record(record_fd: int, display: str | None, error: dict[str, Any] | None) -> None:
+    record: dict[str, Any] = {
+        "out": _position(1, sys.stdout),
+        "err": _position(2, sys.stderr),
+        "error": error,
+    }
+    if display is not None:
+        record["display"] = display[-MAX_RECORD_CHARS:]
+        record["display_chars"] = len(display)
+    try:
+        os.write(record_fd, json.dumps(record).encode() + b"\n")
+    except (OSError, ValueError):
+        pass  # over the file size limit, or the cell closed the fd: no more records
