@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from codepool.common.errors import ConfigError
-from codepool.ops.processes import processes
+from codepool.ops.processes import descendants, processes
 from codepool.ops.redis_server import RedisServer
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
@@ -84,18 +84,6 @@ ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(
     not ROOT, reason="needs root: only a root worker gives each snippet a uid of its own"
 )
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, their children, ...)."""
-    children: dict[int, list[int]] = {}
-    for p in processes():
-        children.setdefault(p.ppid, []).append(p.pid)
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        found.append(todo.pop())
-        todo.extend(children.get(found[-1], []))
-    return found
 
 
 def assert_nothing_left(executor: LocalExecutor) -> None:

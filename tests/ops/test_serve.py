@@ -25,6 +25,7 @@ from sandbox_fusion import RunCodeRequest, RunJupyterRequest, run_code, run_jupy
 from codepool.common.result import infra, rejected
 from codepool.ops import sandbox_fusion as protocol
 from codepool.ops.processes import processes
+from codepool.ops.server_binary import find_server_binary
 from codepool.worker.engine.reaping import wait_or_kill
 from tests.conftest import StartWorker, wait_until
 
@@ -317,7 +318,8 @@ def test_stopping_serve_stops_its_redis_and_worker(tmp_path: Path) -> None:
         assert too_big.status_code == 413, too_big.text
         started = descendants(server.process.pid)
         names = " ".join(info.cmdline for info in processes() if info.pid in started)
-        assert "redis-server" in names and "codepool.ops.cli worker" in names, names
+        server_name = os.path.basename(find_server_binary().path)  # redis- or valkey-server
+        assert server_name in names and "codepool.ops.cli worker" in names, names
     finally:
         server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=60) == 0, server.log()
