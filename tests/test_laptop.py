@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from codepool.ops.processes import processes
-from tests.conftest import wait_until
+from tests.conftest import files_of, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -128,3 +128,6 @@ def test_make_demo_as_a_non_root_user_without_a_system_redis(
     assert "total           32" in out
     assert len((repo / "build" / "replay.jsonl").read_text().splitlines()) == 32
     assert (repo / "build" / "replay.html").exists()
+    # The private Redis, the worker and the replay left nothing of theirs in the temp dirs.
+    uid = range(entry.pw_uid, entry.pw_uid + 1)
+    assert [path for path in files_of(uid, 0) if path != str(base)] == []
