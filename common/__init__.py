@@ -22,6 +22,7 @@ from codepool.common.observation import (
 )
 from codepool.common.result import STATUSES, ExecResult
 from codepool.common.sandbox_stats import SandboxStats
+from codepool.common.snippet import Snippet
 
 __all__ = [
     "DEFAULT_MARKERS",
@@ -35,6 +36,7 @@ __all__ = [
     "MissingExtra",
     "RedisUnavailable",
     "SandboxStats",
+    "Snippet",
     "WireError",
     "compile_snippet",
     "error_type",
