@@ -197,15 +197,6 @@ def check_path(path: Any, what: str) -> None:
         raise WireError(f"{what}: {path!r} must name a file inside the work dir (no '..')")
 
 
-def as_snippet(item: Any) -> Snippet | None:
-    """``item`` as a Snippet (a str is one with no inputs); None if it is neither."""
-    if isinstance(item, Snippet):
-        return item
-    if isinstance(item, str):
-        return Snippet(item)
-    return None
-
-
 INPUT_KEYWORDS = ("stdin", "files", "fetch_files", "cells", "cell_timeout_s")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
-from codepool.common.snippet import Snippet, as_snippet
+from codepool.common.snippet import Snippet
 
 SCHEMA_VERSION = 2
 # A batch whose snippets carry inputs (stdin, files, fetch_files, cells) is version 3:
@@ -47,13 +47,17 @@ class BatchJob:
     def from_codes(
         cls, batch_id: str, codes: list[Any], limits: Limits, run: str, submitted_at: float
     ) -> BatchJob:
-        snippets = [as_snippet(c) for c in codes]
-        encoded = tuple(
-            None if s is None else s.source.encode("utf-8", "surrogatepass") for s in snippets
-        )
-        records = tuple(None if s is None else s.inputs_record() for s in snippets)
-        inputs = records if any(r is not None for r in records) else None
-        return cls(batch_id, encoded, limits, run, submitted_at, inputs)
+        encoded: list[bytes | None] = []
+        records: list[dict[str, Any] | None] = []
+        for code in codes:
+            snippet = code if isinstance(code, Snippet) else None
+            source = snippet.source if snippet is not None else code
+            encoded.append(
+                source.encode("utf-8", "surrogatepass") if isinstance(source, str) else None
+            )
+            records.append(snippet.inputs_record() if snippet is not None else None)
+        inputs = tuple(records) if any(r is not None for r in records) else None
+        return cls(batch_id, tuple(encoded), limits, run, submitted_at, inputs)
 
     def encode(self) -> bytes:
         record = {
@@ -68,13 +72,15 @@ class BatchJob:
             record["inputs"] = list(self.inputs)
         return codec.dumps(record)
 
-    def snippet(self, index: int) -> Snippet:
-        """Snippet ``index`` with its inputs; WireError if they are malformed (that
-        snippet is rejected, not the batch). Its code must not be None."""
+    def snippet(self, index: int) -> Snippet | str:
+        """What snippet ``index`` runs: its code, or a Snippet when it has inputs;
+        WireError if they are malformed (that snippet is rejected, not the batch). Its
+        code must not be None."""
         code = self.codes[index]
         assert code is not None
         source = code.decode("utf-8", "surrogatepass")
-        return Snippet.from_record(source, None if self.inputs is None else self.inputs[index])
+        record = None if self.inputs is None else self.inputs[index]
+        return source if record is None else Snippet.from_record(source, record)
 
     @classmethod
     def decode(cls, data: Any) -> BatchJob:

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import redis
 from rq import Worker
@@ -23,6 +23,16 @@ from codepool.worker.engine.reaping import wait_or_kill
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+
+
+def url_or_embedded(stack: ExitStack, url: str | None, concurrency: int) -> str:
+    """``url``, or ``$REDIS_URL``, or else the embedded default, entered on ``stack`` (so
+    it stops with it) and said on stderr: a command's ``--url`` rule in one place."""
+    url = url or os.environ.get("REDIS_URL")
+    if url is not None:
+        return url
+    print("no --url and no REDIS_URL: starting a private Redis and a local worker", file=sys.stderr)
+    return stack.enter_context(embedded_pool(concurrency))
 
 
 @contextmanager

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from contextlib import ExitStack
@@ -13,7 +12,7 @@ from codepool.common.error_types import ranked
 from codepool.common.errors import CodepoolError
 from codepool.common.settings import Settings
 from codepool.ops.arguments import add_rich_tracebacks
-from codepool.ops.embedded import embedded_pool
+from codepool.ops.embedded import url_or_embedded
 from codepool.ops.report import write_report
 from codepool.producer.pool import CodePool
 from codepool.producer.replay import ReplaySummary, replay
@@ -57,16 +56,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def run_command(args: argparse.Namespace) -> int:
-    url = args.url or os.environ.get("REDIS_URL")
     with ExitStack() as stack:
         try:
             check_readable(args.input)
-            if url is None:
-                print(
-                    "no --url and no REDIS_URL: starting a private Redis and a local worker",
-                    file=sys.stderr,
-                )
-                url = stack.enter_context(embedded_pool(args.concurrency))
+            url = url_or_embedded(stack, args.url, args.concurrency)
             pool = CodePool(url, settings=Settings.from_env(redis_url=url))
             progress = Progress()
             summary = replay(

@@ -94,19 +94,13 @@ def serve_command(args: argparse.Namespace) -> int:
         return 2
     from codepool.common.errors import CodepoolError
     from codepool.common.settings import Settings
-    from codepool.ops.embedded import embedded_pool
+    from codepool.ops.embedded import url_or_embedded
     from codepool.producer.sandbox import RemoteSandbox
 
     listener = _listen(args.host, args.port)
-    url = args.url or os.environ.get("REDIS_URL")
     with ExitStack() as stack:
         try:
-            if url is None:
-                print(
-                    "no --url and no REDIS_URL: starting a private Redis and a local worker",
-                    file=sys.stderr,
-                )
-                url = stack.enter_context(embedded_pool(args.concurrency))
+            url = url_or_embedded(stack, args.url, args.concurrency)
             sandbox = RemoteSandbox(
                 url,
                 run=args.run,

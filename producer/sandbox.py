@@ -63,8 +63,7 @@ class RemoteSandbox:
         self.run = run
         self.linger_s = linger_s
         self.max_batch = max_batch
-        self._deadline_given = deadline_s
-        self.deadline_s = deadline_s if deadline_s is not None else timeout + 300.0
+        self.deadline_s = deadline_s  # None: each batch's timeout plus 300 s
         self.markers = markers
         self.limits = dict(limits, timeout_s=timeout)
         self.pool = CodePool(url, settings=settings)
@@ -182,7 +181,9 @@ class RemoteSandbox:
         """Submit ``calls`` (counted in flight already) as one batch and collect it here
         or on a collector thread."""
         limits = {**self.limits, **dict(calls[0][3])}
-        deadline_s = self._deadline_given or limits["timeout_s"] + 300.0
+        deadline_s = self.deadline_s
+        if deadline_s is None:
+            deadline_s = limits["timeout_s"] + 300.0
         try:
             batch = self.pool.submit(
                 [snippet for snippet, _, _, _ in calls],

@@ -24,7 +24,7 @@ from codepool.common.errors import ExecutorError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, infra, rejected
 from codepool.common.retry import retry_until
-from codepool.common.snippet import as_snippet, split_inputs
+from codepool.common.snippet import Snippet, split_inputs
 from codepool.worker.engine.protocol import FrameReader, encode_frame, recv_one
 
 log = logging.getLogger(__name__)
@@ -100,22 +100,25 @@ class SupervisorClient:
         """Like submit, with complete Limits (clamped to ``max_limits``)."""
         effective = limits.clamp(self.max_limits)
         future: Future[ExecResult] = Future()
-        snippet = as_snippet(code)
-        if snippet is None:
+        # A plain str (most snippets) goes as it is; a Snippet brings its inputs.
+        if isinstance(code, str):
+            source, inputs, too_big = code, None, ""
+        elif isinstance(code, Snippet):
+            source, inputs, too_big = code.source, code.inputs_record(), code.check_sizes(effective)
+        else:
             future.set_result(
                 rejected(f"rejected: code must be str, got {type(code).__name__}", worker=self.name)
             )
             return future
         # surrogatepass keeps lone surrogates; the child's compile() reports them as
         # Python reports undecodable source.
-        data = snippet.source.encode("utf-8", "surrogatepass")
-        too_big = snippet.check_sizes(effective)
+        data = source.encode("utf-8", "surrogatepass")
         if len(data) > effective.max_code_bytes:
             too_big = f"code is {len(data)} bytes, over the {effective.max_code_bytes} byte limit"
         if too_big:
             future.set_result(rejected(f"rejected: {too_big}", worker=self.name))
             return future
-        pending = _Pending(future, data, effective, time.monotonic(), snippet.inputs_record())
+        pending = _Pending(future, data, effective, time.monotonic(), inputs)
         with self._lock:
             if self._closing:
                 raise ExecutorError("executor is closed")

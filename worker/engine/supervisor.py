@@ -208,8 +208,9 @@ class Supervisor:
         except WireError as exc:
             self._send(client, _rejected(request_id, str(exc)))
             return
-        too_big = f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"
-        if len(code) <= limits.max_code_bytes:
+        if len(code) > limits.max_code_bytes:
+            too_big = f"code is {len(code)} bytes, over the {limits.max_code_bytes} limit"
+        else:
             too_big = snippet.check_sizes(limits) if snippet is not None else ""
         if too_big:
             self._send(client, _rejected(request_id, too_big))
@@ -316,7 +317,7 @@ class Supervisor:
             self.prefork = self.prefork or ready
             result = _result(child, status, rusage, ended, ready)
             if ready:
-                result.update(_read_back(child, child.request, handed))
+                result.update(_read_back(child, handed))
             if self.config.mode == "fork":
                 result["zygote"] = child.kind
             self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
@@ -438,8 +439,10 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
     }
 
 
-def _read_back(child: Child, request: Request, handed: list[int]) -> dict[str, Any]:
+def _read_back(child: Child, handed: list[int]) -> dict[str, Any]:
     """The fetched files and notebook cells of a child that got as far as "ready"."""
+    request = child.request
+    assert request is not None
     snippet = request.snippet
     if snippet is None:
         return {}
