@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import signal
 import socket
 import sys
@@ -20,6 +21,12 @@ from types import FrameType
 from codepool.ops.arguments import Commands, add_rich_tracebacks
 
 TOKEN_ENV = "CODEPOOL_SERVE_TOKEN"
+# The line serve prints once it listens (and the pool is ready), and how to read it back.
+LISTENING_LINE = (
+    "codepool serve: SandboxFusion API on http://{host}:{port} "
+    "(POST /run_code, POST /run_jupyter, GET /health)"
+)
+LISTENING = re.compile(r"SandboxFusion API on (http://[\d.]+:\d+)")
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
@@ -118,11 +125,7 @@ def serve_command(args: argparse.Namespace) -> int:
             max_in_flight=args.max_in_flight,
         )
         host, port = listener.getsockname()[:2]
-        print(
-            f"codepool serve: SandboxFusion API on http://{host}:{port} "
-            "(POST /run_code, POST /run_jupyter, GET /health)",
-            flush=True,
-        )
+        print(LISTENING_LINE.format(host=host, port=port), flush=True)
         config = uvicorn.Config(
             build_app(service),
             log_level="warning",

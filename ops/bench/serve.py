@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
@@ -29,8 +28,8 @@ from typing import Any
 import requests
 
 from codepool.common.quantile import nearest_rank
+from codepool.ops.serve_command import LISTENING
 
-LISTENING = re.compile(r"SandboxFusion API on (http://[\d.]+:\d+)")
 BURST_TARGET_S = 5.0  # "within a few seconds"
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,11 +24,10 @@ from sandbox_fusion import RunCodeRequest, RunJupyterRequest, run_code, run_jupy
 from codepool.common.result import infra, rejected
 from codepool.ops import sandbox_fusion as protocol
 from codepool.ops.processes import processes
+from codepool.ops.serve_command import LISTENING
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker.engine.reaping import wait_or_kill
 from tests.conftest import StartWorker, wait_until
-
-LISTENING = re.compile(r"SandboxFusion API on (http://[\d.]+:\d+)")
 
 
 @dataclass
