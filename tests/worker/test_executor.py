@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import sysconfig
 import time
 
 import pytest
@@ -418,3 +420,26 @@ def test_no_fd_leak_across_many_snippets(executor: LocalExecutor) -> None:
     executor.run_many(["print(1)"] * 50)
     assert len(os.listdir("/proc/self/fd")) <= before + 2
     assert_nothing_left(executor)
+
+
+def _child_setup_line(ex: LocalExecutor) -> str:
+    (line,) = [p["detail"] for p in ex.report if p["name"] == "child set-up"]
+    return str(line)
+
+
+def test_children_are_set_up_in_c_where_a_compiler_was() -> None:
+    """The C set-up is what a user gets by default wherever the install could build it
+    (CI has a compiler): a silently failed build would otherwise cost every snippet."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    if not (compiler and headers):
+        pytest.skip("no C compiler or Python headers here: the Python steps are expected")
+    with LocalExecutor(concurrency=1, mode="fork", preload=()) as ex:
+        assert _child_setup_line(ex).startswith("in C"), _child_setup_line(ex)
+        assert ex.run("print(2 + 3)").stdout == "5\n"
+    with LocalExecutor(concurrency=1, mode="fork", preload=(), native_child=False) as ex:
+        assert _child_setup_line(ex) == (
+            "in Python, about 1 ms more CPU per snippet: "
+            "disabled by configuration (native_child=False)"
+        )
+        assert ex.run("print(2 + 3)").stdout == "5\n"

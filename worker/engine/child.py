@@ -78,19 +78,48 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)
-        inputs.write_files(request.files)  # before the limits: their size was checked
-        if request.stdin is not None:
-            inputs.give_stdin(request.stdin)
-        _apply_limits(request, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
-        record_fd = inputs.say_ready(REQUEST_FD, READY, fetch=request.fetch, cells=request.cells)
-        if plan.mode == "spawn":
-            _exec_interpreter(request, record_fd, env)
-        os.close(REQUEST_FD)
+        record_fd = _start(plan, request, env)
     except BaseException:
-        try:
-            os.write(2, traceback.format_exc().encode("utf-8", "replace"))
-        finally:
-            os._exit(SETUP_FAILED_EXIT)
+        _setup_failed()
+    _run(request, record_fd)
+
+
+def native_child_main(plan: ChildPlan, payload: bytes, flags: int) -> NoReturn:
+    """A child whose set-up _nativechild.serve did (see _nativechild.c): everything
+    child_main does up to the request, and for a plain one (``flags`` >= 0: ``payload``
+    is its code) its limits and "ready" too; a request with inputs (``flags`` -1:
+    ``payload`` is the whole request) is finished here. The zygote prepared ``__main__``
+    and the streams once (see zygote.serve_natively)."""
+    try:
+        _reseed()
+        if flags < 0:
+            request = Request.decode(payload)
+            record_fd = _start(plan, request, plan.env)
+        else:
+            request = Request(payload, bool(flags & 1), 0, 0, 0, 0, bool(flags & 2))
+            record_fd = None
+            if plan.mode == "spawn":
+                _exec_interpreter(request, None, plan.env)
+    except BaseException:
+        _setup_failed()
+    _run(request, record_fd)
+
+
+def _start(plan: ChildPlan, request: Request, env: dict[str, str]) -> int | None:
+    """Inputs, limits, "ready"; spawn mode execs its interpreter here. Returns the
+    cells' record fd."""
+    inputs.write_files(request.files)  # before the limits: their size was checked
+    if request.stdin is not None:
+        inputs.give_stdin(request.stdin)
+    _apply_limits(request, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
+    record_fd = inputs.say_ready(REQUEST_FD, READY, fetch=request.fetch, cells=request.cells)
+    if plan.mode == "spawn":
+        _exec_interpreter(request, record_fd, env)
+    os.close(REQUEST_FD)
+    return record_fd
+
+
+def _run(request: Request, record_fd: int | None) -> NoReturn:
     if request.cells is not None:
         cells.run_cells(
             request.cells, request.cell_timeout_s, record_fd, rich=request.rich_tracebacks
@@ -98,13 +127,24 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
     snippet.run_snippet(request.code, auto_print=request.auto_print, rich=request.rich_tracebacks)
 
 
+def _setup_failed() -> NoReturn:
+    try:
+        os.write(2, traceback.format_exc().encode("utf-8", "replace"))
+    finally:
+        os._exit(SETUP_FAILED_EXIT)
+
+
+# What a child may write and read besides the plan's read-only paths: with a PID
+# namespace, the mounts it made itself (the zygote's fds would name what they cover).
+WRITABLE = (*isolation.VOLATILE_ROOTS, "/dev/null")
+READABLE = ("/proc",)
+
+
 def _restrict(plan: ChildPlan, cwd: str) -> None:
-    """The second layer: Landlock, then seccomp. With a PID namespace the child's own
-    mounts (tmpfs roots and /proc) are named here: the zygote's fds name what they
-    cover."""
+    """The second layer: Landlock, then seccomp."""
     linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
     if plan.state.pidns:
-        landlock.restrict(plan.guard, [*isolation.VOLATILE_ROOTS, "/dev/null"], ("/proc",))
+        landlock.restrict(plan.guard, list(WRITABLE), READABLE)
     else:
         landlock.restrict(plan.guard, [cwd, "/dev/null"])
     plan.syscalls.install()

@@ -78,6 +78,9 @@ class LocalExecutor(SupervisorClient):
     light_zygote: in fork mode with a preload, snippets whose imports are all in the
         standard library fork from a second zygote that preloads nothing (much cheaper
         per snippet; ExecResult.zygote says which ran); off only to measure the gain.
+    native_child: the zygote's clone loop and each child's set-up in C where the
+        extension was built (about 1 ms less CPU per snippet; the report's "child
+        set-up" line says which runs and why); off to measure or test the Python steps.
     allow_weak_isolation: run even where neither a PID namespace nor Landlock is to be
         had (snippets could then signal the worker's processes and reach its files);
         without it such an executor refuses to start, naming what is missing.
@@ -99,6 +102,7 @@ class LocalExecutor(SupervisorClient):
         namespaces: bool = True,
         landlock: bool = True,
         light_zygote: bool = True,
+        native_child: bool = True,
         allow_weak_isolation: bool = False,
         listen_path: str | None = None,
         name: str | None = None,
@@ -123,6 +127,7 @@ class LocalExecutor(SupervisorClient):
             namespaces=namespaces,
             landlock=landlock,
             light_zygote=light_zygote,
+            native_child=native_child,
         )
         self._process: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None

@@ -273,6 +273,11 @@ def clone_flags(state: IsolationState) -> int:
     return linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWIPC
 
 
+def tmpfs_options(disk_mb: int) -> str:
+    """Mount options of each child's fresh tmpfs roots."""
+    return f"mode=1777,size={disk_mb}m"
+
+
 def setup_child(
     state: IsolationState, uid: int | None, disk_mb: int, fallback_dir: str | None
 ) -> str:
@@ -283,7 +288,7 @@ def setup_child(
     if not state.pidns:
         assert fallback_dir is not None
         return fallback_dir
-    options = f"mode=1777,size={disk_mb}m"
+    options = tmpfs_options(disk_mb)
     # Opened here, not in the zygote: a bind source must be in the caller's namespace.
     keep = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in state.volatile_binds]
     for root in VOLATILE_ROOTS:

@@ -25,7 +25,7 @@ _RULE_PATH_BENEATH = 1
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _FS_V1 = (1 << 13) - 1  # EXECUTE .. MAKE_SYM
 _FS_BY_ABI = {1: _FS_V1, 2: _FS_V1 | 1 << 13, 3: _FS_V1 | 3 << 13, 5: _FS_V1 | 7 << 13}
-_FILE_ONLY = EXECUTE | WRITE_FILE | READ_FILE | 1 << 14 | 1 << 15  # + TRUNCATE, IOCTL_DEV
+FILE_ONLY = EXECUTE | WRITE_FILE | READ_FILE | 1 << 14 | 1 << 15  # + TRUNCATE, IOCTL_DEV
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
 
@@ -90,6 +90,14 @@ class Plan:
     read_only: tuple[str, ...]
     rules: tuple[_PathBeneath, ...] = ()
 
+    def ruleset_attr(self) -> tuple[int, int, int, int]:
+        """What the child's ruleset handles: (fs, net, scoped) access and the size of the
+        attribute struct this ABI reads."""
+        net = NET_BIND_TCP | NET_CONNECT_TCP if self.abi >= 4 else 0
+        scoped = SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL if self.abi >= 6 else 0
+        size = 24 if self.abi >= 6 else 16 if self.abi >= 4 else 8
+        return _fs_access(self.abi), net, scoped, size
+
     @property
     def fd_range(self) -> range:
         return range(FD_BASE, FD_BASE + len(self.rules))
@@ -128,7 +136,7 @@ def plan(needed: list[str]) -> Plan:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         access = READ_ONLY & fs
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            access &= _FILE_ONLY
+            access &= FILE_ONLY
         os.dup2(fd, number, inheritable=False)
         os.close(fd)
         rules.append(_PathBeneath(access, number))
@@ -142,11 +150,8 @@ def restrict(plan: Plan, writable: list[str], readable: tuple[str, ...] = ()) ->
     CAP_SYS_ADMIN), which the caller sets."""
     if not plan.abi:
         return
-    fs = _fs_access(plan.abi)
-    attr = _RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if plan.abi >= 4 else 0, 0)
-    if plan.abi >= 6:
-        attr.scoped = SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL
-    size = 24 if plan.abi >= 6 else 16 if plan.abi >= 4 else 8
+    fs, net, scoped, size = plan.ruleset_attr()
+    attr = _RulesetAttr(fs, net, scoped)
     ruleset = _libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
     if ruleset < 0:
         _raise("landlock_create_ruleset")
@@ -176,7 +181,7 @@ def _allow(ruleset: int, path: str, access: int) -> None:
         return
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            access &= _FILE_ONLY
+            access &= FILE_ONLY
         rule = _PathBeneath(access, fd)
         if _libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) < 0:
             _raise(f"landlock_add_rule({path})")

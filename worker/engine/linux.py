@@ -163,17 +163,20 @@ class _CapData(ctypes.Structure):
     ]
 
 
+def last_capability() -> int:
+    """The highest capability number this kernel knows."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 63
+
+
 def drop_capabilities() -> None:
     """Drop every capability of this process for good: the bounding set (while
     CAP_SETPCAP still allows it), the ambient set, then effective, permitted and
     inheritable."""
-    last_cap = 63
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last_cap = int(f.read())
-    except OSError:
-        pass
-    for cap in range(last_cap + 1):
+    for cap in range(last_capability() + 1):
         _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: none to drop
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_CAP_VERSION_3, 0)

@@ -10,6 +10,11 @@ Messages (maps, key ``t`` is the type):
                         any (see child.Request: no msgpack for a plain snippet's child)
   child -> supervisor   "R" (ready), with the work dir's fd when files are fetched and
                         the notebook record fd for cells (SCM_RIGHTS)
+  supervisor -> zygote  CLONE_REQUEST: the child's uid (-1: none), then the work dir the
+                        supervisor made when there is no PID namespace; with the child's
+                        request socket, stdout and stderr (SCM_RIGHTS)
+  zygote -> supervisor  CLONE_REPLY: the child's pid
+Plain structs between supervisor and zygote: _nativechild.c reads and writes them too.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 from codepool.common import codec
 
 _HEADER = struct.Struct("!I")
+CLONE_REQUEST = struct.Struct("!i")
+CLONE_REPLY = struct.Struct("!i")
 MAX_FRAME_BYTES = 64 << 20
 
 

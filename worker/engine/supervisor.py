@@ -36,7 +36,12 @@ from codepool.worker.engine import isolation, leftovers, readback, routing
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.child import Request as ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
-from codepool.worker.engine.protocol import FrameReader, encode_frame
+from codepool.worker.engine.protocol import (
+    CLONE_REPLY,
+    CLONE_REQUEST,
+    FrameReader,
+    encode_frame,
+)
 from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger("codepool.worker.engine.supervisor")
@@ -232,7 +237,7 @@ class Supervisor:
         parent_sock, child_sock = socket.socketpair()
         out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
         err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
-        header = codec.dumps({"uid": uid, "fallback_dir": fallback_dir})
+        header = CLONE_REQUEST.pack(-1 if uid is None else uid) + (fallback_dir or "").encode()
         fds = [child_sock.fileno(), out_fd, err_fd]
         socket.send_fds(self.zygotes[kind].sock, [header], fds)
         child_sock.close()
@@ -248,7 +253,7 @@ class Supervisor:
             log.error("the %s zygote exited; stopping so the executor restarts all", kind)
             self.stopping = True
             return
-        pid = int(codec.loads(reply)["pid"])
+        (pid,) = CLONE_REPLY.unpack(reply)
         child = self.cloning[kind].popleft()
         child.pid = pid
         child.pidfd = os.pidfd_open(pid)

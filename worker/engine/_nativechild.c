@@ -1,0 +1,549 @@
+/* The zygote's clone loop and a child's set-up, in C.
+ *
+ * The same steps as the Python loop in zygote.py and child_main in child.py, for the
+ * common case (PID namespace, single-threaded zygote, its environment the snippets'):
+ * every page a forked child writes is a copy-on-write fault, and a Python set-up
+ * writes hundreds (reference counts, frames, allocator pools) before the user's first
+ * line; the zygote's own loop in Python writes pages it shares with every live child.
+ * Here the loop and the set-up write their C stack and little else.
+ *
+ * serve() runs the loop until the supervisor goes away (returns None in the zygote).
+ * In a child it returns (code, flags): the request read, its limits applied and "ready"
+ * said, or, for a request with inputs (files, stdin, cells), (whole request, -1) before
+ * its limits, for the Python side to finish. Any set-up failure writes one line to the
+ * child's stderr and exits 126, as child_main's does. Built when a compiler is there;
+ * without it zygote.py runs the Python loop.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifdef __linux__
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define REQUEST_FD 3
+#define SETUP_FAILED_EXIT 126
+#define MAX_OPEN_FILES 256
+#define HEAD_SIZE 26 /* "!IIIIIIBB", child.py's _HEAD */
+#define MAX_PATHS 64
+#define MAX_RULES 256
+
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#define SYS_landlock_add_rule 445
+#define SYS_landlock_restrict_self 446
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#endif
+
+struct path_beneath {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+
+struct ruleset_attr {
+    uint64_t handled_access_fs;
+    uint64_t handled_access_net;
+    uint64_t scoped;
+};
+
+/* What every child of this zygote does alike; filled once by serve(). */
+struct plan {
+    unsigned long clone_flags;
+    int spawn;
+    const char *tmpfs_options;
+    const char *roots[MAX_PATHS]; /* fresh tmpfs each */
+    int nroots;
+    const char *binds[MAX_PATHS]; /* bound back into them */
+    int nbinds;
+    const char *workdir;
+    int last_cap;
+    long nproc_headroom;
+    unsigned long long vm_baseline;
+    /* Landlock: abi 0 means none. */
+    int abi;
+    struct ruleset_attr attr;
+    size_t attr_size;
+    uint64_t fs_access, read_only, file_only;
+    struct path_beneath rules[MAX_RULES];
+    int nrules;
+    int fd_first, fd_stop;
+    const char *writable[MAX_PATHS];
+    int nwritable;
+    const char *readable[MAX_PATHS];
+    int nreadable;
+    struct sock_fprog seccomp;
+};
+
+static void fail(const char *what, int err) {
+    char line[512];
+    int n = snprintf(line, sizeof line, "codepool child set-up failed: %s: %s\n", what,
+                     strerror(err));
+    if (n > 0) {
+        ssize_t ignored = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+        (void)ignored;
+    }
+    _exit(SETUP_FAILED_EXIT);
+}
+
+static void check(int ret, const char *what) {
+    if (ret < 0)
+        fail(what, errno);
+}
+
+static int close_from(int first, int stop) {
+    if (first >= stop)
+        return 0;
+    if (syscall(SYS_close_range, (unsigned)first, (unsigned)(stop - 1), 0) == 0)
+        return 0;
+    for (int fd = first; fd < stop; fd++)
+        close(fd);
+    return 0;
+}
+
+static void arrange_fds(const struct plan *p, int request_fd, int out_fd, int err_fd) {
+    /* Out of the way first, so the dup2s cannot clobber each other. */
+    int high[3] = {fcntl(request_fd, F_DUPFD, 0), fcntl(out_fd, F_DUPFD, 0),
+                   fcntl(err_fd, F_DUPFD, 0)};
+    for (int i = 0; i < 3; i++)
+        check(high[i], "dup");
+    int devnull = open("/dev/null", O_RDONLY);
+    check(devnull, "open /dev/null");
+    check(dup2(devnull, 0), "dup2");
+    check(dup2(high[1], 1), "dup2");
+    check(dup2(high[2], 2), "dup2");
+    check(dup2(high[0], REQUEST_FD), "dup2");
+    /* Nothing of the zygote's stays reachable; the Landlock fds go once restricted. */
+    struct rlimit files;
+    check(getrlimit(RLIMIT_NOFILE, &files), "getrlimit");
+    int top = files.rlim_max > 1 << 20 ? 1 << 20 : (int)files.rlim_max;
+    if (p->fd_stop > p->fd_first) {
+        close_from(REQUEST_FD + 1, p->fd_first);
+        close_from(p->fd_stop, top);
+    } else {
+        close_from(REQUEST_FD + 1, top);
+    }
+}
+
+static void make_dirs(const char *path) {
+    char buf[4096];
+    size_t len = strlen(path);
+    if (len >= sizeof buf)
+        fail("path too long", ENAMETOOLONG);
+    memcpy(buf, path, len + 1);
+    for (char *s = buf + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+            fail(buf, errno);
+        *s = '/';
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        fail(buf, errno);
+}
+
+static void bind_back(const char *path, int fd) {
+    struct stat st;
+    check(fstat(fd, &st), path);
+    if (S_ISDIR(st.st_mode)) {
+        make_dirs(path);
+    } else {
+        char parent[4096];
+        size_t len = strlen(path);
+        if (len >= sizeof parent)
+            fail("path too long", ENAMETOOLONG);
+        memcpy(parent, path, len + 1);
+        char *slash = strrchr(parent, '/');
+        if (slash != NULL && slash != parent) {
+            *slash = '\0';
+            make_dirs(parent);
+        }
+        int made = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+        check(made, path);
+        close(made);
+    }
+    char source[64];
+    snprintf(source, sizeof source, "/proc/self/fd/%d", fd);
+    check(mount(source, path, NULL, MS_BIND | MS_REC, NULL), path);
+}
+
+/* isolation.setup_child: fresh tmpfs roots, the paths under them bound back, a /proc
+ * that shows only the snippet, the work dir. */
+static void setup_mounts(const struct plan *p, int uid) {
+    int keep[MAX_PATHS];
+    for (int i = 0; i < p->nbinds; i++) {
+        keep[i] = open(p->binds[i], O_PATH | O_CLOEXEC);
+        check(keep[i], p->binds[i]);
+    }
+    for (int i = 0; i < p->nroots; i++)
+        check(mount("tmpfs", p->roots[i], "tmpfs", MS_NOSUID | MS_NODEV, p->tmpfs_options),
+              p->roots[i]);
+    for (int i = 0; i < p->nbinds; i++) {
+        bind_back(p->binds[i], keep[i]);
+        close(keep[i]);
+    }
+    check(mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "/proc");
+    check(mkdir(p->workdir, 0700), p->workdir);
+    if (uid >= 0)
+        check(chown(p->workdir, (uid_t)uid, (gid_t)uid), "chown work dir");
+}
+
+struct cap_header {
+    uint32_t version;
+    int pid;
+};
+struct cap_data {
+    uint32_t effective, permitted, inheritable;
+};
+
+static void drop_privileges(const struct plan *p, int uid) {
+    if (uid >= 0) {
+        check(setgroups(0, NULL), "setgroups");
+        check(setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid), "setresgid");
+        check(setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid), "setresuid");
+        /* The uid change cleared these; dumpable keeps /proc/self readable. */
+        check(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE");
+        check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS");
+        check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG");
+        return;
+    }
+    /* A user namespace's owner holds every capability: drop them all for good. */
+    for (int cap = 0; cap <= p->last_cap; cap++)
+        prctl(PR_CAPBSET_DROP, cap, 0, 0, 0); /* EPERM without CAP_SETPCAP: none to drop */
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct cap_header header = {0x20080522, 0};
+    struct cap_data data[2];
+    memset(data, 0, sizeof data);
+    check((int)syscall(SYS_capset, &header, data), "capset");
+}
+
+static void allow_path(int ruleset, const char *path, uint64_t access, uint64_t file_only) {
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return;
+        fail(path, errno);
+    }
+    struct stat st;
+    check(fstat(fd, &st), path);
+    if (!S_ISDIR(st.st_mode))
+        access &= file_only;
+    struct path_beneath rule = {access, fd};
+    check((int)syscall(SYS_landlock_add_rule, ruleset, 1, &rule, 0), path);
+    close(fd);
+}
+
+/* child._restrict: Landlock, then seccomp. */
+static void restrict_self(const struct plan *p) {
+    check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS");
+    if (p->abi) {
+        int ruleset = (int)syscall(SYS_landlock_create_ruleset, &p->attr, p->attr_size, 0);
+        check(ruleset, "landlock_create_ruleset");
+        for (int i = 0; i < p->nrules; i++)
+            check((int)syscall(SYS_landlock_add_rule, ruleset, 1, &p->rules[i], 0),
+                  "landlock_add_rule");
+        for (int i = 0; i < p->nwritable; i++)
+            allow_path(ruleset, p->writable[i], p->fs_access, p->file_only);
+        for (int i = 0; i < p->nreadable; i++)
+            allow_path(ruleset, p->readable[i], p->read_only, p->file_only);
+        check((int)syscall(SYS_landlock_restrict_self, ruleset, 0), "landlock_restrict_self");
+        close(ruleset);
+        close_from(p->fd_first, p->fd_stop);
+    }
+    if (p->seccomp.len)
+        check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p->seccomp, 0, 0), "seccomp filter");
+}
+
+static int read_full(int fd, char *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            fail("read request", errno);
+        if (n == 0)
+            return 0;
+        got += (size_t)n;
+    }
+    return 1;
+}
+
+static uint32_t field(const unsigned char *head, int i) {
+    uint32_t v;
+    memcpy(&v, head + 4 * i, 4);
+    return ntohl(v);
+}
+
+static void set_limit(int resource, rlim_t value, const char *what) {
+    struct rlimit limit = {value, value};
+    check(setrlimit(resource, &limit), what);
+}
+
+/* In the cloned child: everything child_main does before the user's first line. */
+static PyObject *child(const struct plan *p, int control, int uid, int fds[3]) {
+    close(control);
+    check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG");
+    arrange_fds(p, fds[0], fds[1], fds[2]);
+    setup_mounts(p, uid);
+    drop_privileges(p, uid);
+    check(chdir(p->workdir), "chdir");
+    restrict_self(p);
+
+    unsigned char head[HEAD_SIZE];
+    if (!read_full(REQUEST_FD, (char *)head, HEAD_SIZE))
+        _exit(0); /* the zygote went away or discarded this warm child */
+    uint32_t code_len = field(head, 0), extra_len = field(head, 1);
+    if (code_len > (1u << 30) || extra_len > (1u << 30))
+        fail("request", EMSGSIZE);
+    if (extra_len) {
+        /* Inputs: the Python side writes them, then applies the limits. */
+        PyObject *whole = PyBytes_FromStringAndSize(NULL, HEAD_SIZE + code_len + extra_len);
+        if (whole == NULL)
+            fail("request", ENOMEM);
+        memcpy(PyBytes_AS_STRING(whole), head, HEAD_SIZE);
+        if (!read_full(REQUEST_FD, PyBytes_AS_STRING(whole) + HEAD_SIZE, code_len + extra_len))
+            _exit(0);
+        return Py_BuildValue("(Ni)", whole, -1);
+    }
+    PyObject *code = PyBytes_FromStringAndSize(NULL, code_len);
+    if (code == NULL)
+        fail("request", ENOMEM);
+    if (!read_full(REQUEST_FD, PyBytes_AS_STRING(code), code_len))
+        _exit(0);
+    rlim_t cpu_s = field(head, 2), memory_mb = field(head, 3), file_mb = field(head, 4);
+    rlim_t procs = field(head, 5);
+    struct rlimit cpu = {cpu_s, cpu_s + 1};
+    check(setrlimit(RLIMIT_CPU, &cpu), "RLIMIT_CPU");
+    set_limit(RLIMIT_AS, p->vm_baseline + (memory_mb << 20), "RLIMIT_AS");
+    set_limit(RLIMIT_FSIZE, file_mb << 20, "RLIMIT_FSIZE");
+    set_limit(RLIMIT_NOFILE, MAX_OPEN_FILES, "RLIMIT_NOFILE");
+    set_limit(RLIMIT_CORE, 0, "RLIMIT_CORE");
+    set_limit(RLIMIT_NPROC, procs + (uid >= 0 ? 0 : p->nproc_headroom), "RLIMIT_NPROC");
+    /* Ready: anything after this is the user's doing. */
+    while (write(REQUEST_FD, "R", 1) < 0)
+        if (errno != EINTR)
+            fail("say ready", errno);
+    if (!p->spawn)
+        close(REQUEST_FD);
+    int flags = head[24] ? 1 : 0;
+    flags |= head[25] ? 2 : 0;
+    return Py_BuildValue("(Ni)", code, flags);
+}
+
+/* -- argument parsing (once per zygote) -------------------------------------------- */
+
+static int str_list(PyObject *seq, const char **out, int *count, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_PATHS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: at most %d paths", what, MAX_PATHS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* The strings live as long as the plan's Python objects, which serve() holds. */
+        out[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i));
+        if (out[i] == NULL) {
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    *count = (int)n;
+    Py_DECREF(fast);
+    return 0;
+}
+
+static int parse_rules(PyObject *seq, struct plan *p) {
+    PyObject *fast = PySequence_Fast(seq, "rules");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_RULES) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "at most %d Landlock rules", MAX_RULES);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long access;
+        int fd;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "Ki", &access, &fd)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        p->rules[i].allowed_access = access;
+        p->rules[i].parent_fd = fd;
+    }
+    p->nrules = (int)n;
+    Py_DECREF(fast);
+    return 0;
+}
+
+static int recv_request(int control, int *uid, int fds[3]) {
+    char data[64];
+    char control_buf[CMSG_SPACE(3 * sizeof(int))];
+    struct iovec iov = {data, sizeof data};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control_buf;
+    msg.msg_controllen = sizeof control_buf;
+    ssize_t n;
+    while ((n = recvmsg(control, &msg, MSG_CMSG_CLOEXEC)) < 0) {
+        if (errno != EINTR)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+    int got = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int *passed = (int *)CMSG_DATA(c);
+        for (int i = 0; i < count; i++) {
+            if (got < 3)
+                fds[got++] = passed[i];
+            else
+                close(passed[i]);
+        }
+    }
+    if (n < 4 || got != 3 || (msg.msg_flags & MSG_CTRUNC)) {
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+        return 0; /* the supervisor is gone, or did not speak the protocol */
+    }
+    uint32_t raw;
+    memcpy(&raw, data, 4);
+    *uid = (int32_t)ntohl(raw);
+    return 1;
+}
+
+static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {
+        "control", "clone_flags", "spawn", "tmpfs_options", "roots", "binds", "workdir",
+        "last_cap", "nproc_headroom", "vm_baseline", "abi", "handled_fs", "handled_net",
+        "scoped", "attr_size", "fs_access", "read_only", "file_only", "rules", "fd_range",
+        "writable", "readable", "seccomp", NULL};
+    (void)self;
+    static struct plan p; /* static: a child's C stack stays small */
+    int control, spawn, abi;
+    unsigned long clone_flags;
+    long nproc_headroom;
+    unsigned long long vm_baseline, handled_fs, handled_net, scoped, fs_access, read_only,
+        file_only;
+    Py_ssize_t attr_size;
+    int fd_first, fd_stop;
+    PyObject *roots, *binds, *rules, *writable, *readable;
+    const char *tmpfs_options, *workdir;
+    Py_buffer filter = {0};
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "ikpsOOsilKiKKKnKKKO(ii)OOy*:serve", names, &control, &clone_flags,
+            &spawn, &tmpfs_options, &roots, &binds, &workdir, &p.last_cap, &nproc_headroom,
+            &vm_baseline, &abi, &handled_fs, &handled_net, &scoped, &attr_size, &fs_access,
+            &read_only, &file_only, &rules, &fd_first, &fd_stop, &writable, &readable,
+            &filter))
+        return NULL;
+    if (filter.len % sizeof(struct sock_filter) ||
+        filter.len / sizeof(struct sock_filter) > BPF_MAXINSNS ||
+        (size_t)attr_size > sizeof(struct ruleset_attr)) {
+        PyBuffer_Release(&filter);
+        PyErr_SetString(PyExc_ValueError, "malformed seccomp program or Landlock attr size");
+        return NULL;
+    }
+    p.clone_flags = clone_flags;
+    p.spawn = spawn;
+    p.tmpfs_options = tmpfs_options;
+    p.workdir = workdir;
+    p.nproc_headroom = nproc_headroom;
+    p.vm_baseline = vm_baseline;
+    p.abi = abi;
+    p.attr.handled_access_fs = handled_fs;
+    p.attr.handled_access_net = handled_net;
+    p.attr.scoped = scoped;
+    p.attr_size = (size_t)attr_size;
+    p.fs_access = fs_access;
+    p.read_only = read_only;
+    p.file_only = file_only;
+    p.fd_first = fd_first;
+    p.fd_stop = fd_stop;
+    p.seccomp.len = (unsigned short)(filter.len / sizeof(struct sock_filter));
+    p.seccomp.filter = (struct sock_filter *)filter.buf; /* held until serve returns */
+    if (str_list(roots, p.roots, &p.nroots, "roots") < 0 ||
+        str_list(binds, p.binds, &p.nbinds, "binds") < 0 ||
+        str_list(writable, p.writable, &p.nwritable, "writable") < 0 ||
+        str_list(readable, p.readable, &p.nreadable, "readable") < 0 ||
+        parse_rules(rules, &p) < 0) {
+        PyBuffer_Release(&filter);
+        return NULL;
+    }
+    for (;;) {
+        int uid, fds[3];
+        int got = recv_request(control, &uid, fds);
+        if (got < 0) {
+            PyBuffer_Release(&filter);
+            return NULL; /* a signal handler raised (SIGTERM: SystemExit) */
+        }
+        if (got == 0)
+            break;
+        long pid = syscall(SYS_clone, p.clone_flags | SIGCHLD, NULL, NULL, NULL, NULL);
+        if (pid == 0)
+            return child(&p, control, uid, fds); /* the filter's buffer is the child's now */
+        int clone_errno = errno;
+        for (int i = 0; i < 3; i++)
+            close(fds[i]);
+        if (pid < 0) {
+            PyBuffer_Release(&filter);
+            errno = clone_errno;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        int32_t reply = (int32_t)htonl((uint32_t)pid);
+        ssize_t sent;
+        while ((sent = send(control, &reply, sizeof reply, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+            ;
+        if (sent != sizeof reply)
+            break; /* the supervisor is gone */
+    }
+    PyBuffer_Release(&filter);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"serve", (PyCFunction)(void (*)(void))serve, METH_VARARGS | METH_KEYWORDS,
+     "Run the zygote's clone loop; returns None here, a request in each child."},
+    {NULL, NULL, 0, NULL}};
+#else
+static PyMethodDef methods[] = {{NULL, NULL, 0, NULL}};
+#endif
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
+                                    "The zygote's clone loop and a child's set-up, in C.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__nativechild(void) { return PyModule_Create(&module); }

@@ -1,0 +1,28 @@
+# The C extension built from _nativechild.c (see native.py).
+
+def serve(
+    *,
+    control: int,
+    clone_flags: int,
+    spawn: bool,
+    tmpfs_options: str,
+    roots: list[str],
+    binds: list[str],
+    workdir: str,
+    last_cap: int,
+    nproc_headroom: int,
+    vm_baseline: int,
+    abi: int,
+    handled_fs: int,
+    handled_net: int,
+    scoped: int,
+    attr_size: int,
+    fs_access: int,
+    read_only: int,
+    file_only: int,
+    rules: list[tuple[int, int]],
+    fd_range: tuple[int, int],
+    writable: list[str],
+    readable: list[str],
+    seccomp: bytes,
+) -> tuple[bytes, int] | None: ...
