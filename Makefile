@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench lint
 
-$(BIN)/codepool: pyproject.toml
+$(BIN)/codepool: pyproject.toml setup.py worker/engine/_nativechild.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,embedded]'

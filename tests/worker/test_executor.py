@@ -197,11 +197,27 @@ def test_threads_and_forks_work_in_a_child(executor: LocalExecutor) -> None:
 
 
 def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
-    code = "import random\nprint(random.random())"
-    assert executor.run(code).stdout != executor.run(code).stdout
-    numpy_code = "import numpy\nprint(numpy.random.random())"
-    assert executor.run(numpy_code).stdout != executor.run(numpy_code).stdout
+    plain = "import random\nprint(random.random())"
+    # The preloading zygote imported random and numpy.random: each child reseeds both
+    # (their cached gaussians too), as a fresh interpreter would have seeded them.
+    preloaded = (
+        "import numpy, random\n"
+        "print(random.random(), random.gauss(0, 1), numpy.random.random(),"
+        " numpy.random.standard_normal())"
+    )
+    for code in (plain, preloaded):
+        results = executor.run_many([code] * 5)
+        outputs = [r.stdout for r in results]
+        assert all(r.ok for r in results) and len(set(outputs)) == 5, outputs
     assert_nothing_left(executor)
+
+
+def test_generators_are_reseeded_in_c_where_their_layout_checks_out() -> None:
+    with LocalExecutor(concurrency=1, mode="fork", preload=("numpy",)) as ex:
+        line = _child_setup_line(ex)
+        if not line.startswith("in C"):
+            pytest.skip(f"children are set up in Python here: {line}")
+        assert "reseeded in Python" not in line, line
 
 
 def test_files_do_not_survive_the_snippet(executor: LocalExecutor) -> None:

@@ -44,6 +44,8 @@
 #define HEAD_SIZE 26 /* "!IIIIIIBB", child.py's _HEAD */
 #define MAX_PATHS 64
 #define MAX_RULES 256
+#define MAX_GENERATORS 4
+#define MT_WORDS 624 /* MT19937: CPython's random and numpy's legacy RandomState */
 
 #ifndef SYS_landlock_create_ruleset
 #define SYS_landlock_create_ruleset 444
@@ -95,6 +97,11 @@ struct plan {
     const char *readable[MAX_PATHS];
     int nreadable;
     struct sock_fprog seccomp;
+    /* Generators to reseed (see native.generators): a key of MT_WORDS words, then the
+     * position that makes the next draw regenerate from it. */
+    uint32_t *mt_keys[MAX_GENERATORS];
+    int *mt_positions[MAX_GENERATORS];
+    int ngenerators;
 };
 
 static void fail(const char *what, int err) {
@@ -303,11 +310,34 @@ static void set_limit(int resource, rlim_t value, const char *what) {
     check(setrlimit(resource, &limit), what);
 }
 
+static void fill_random(void *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        long n = syscall(SYS_getrandom, (char *)buf + got, len - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            fail("getrandom", n < 0 ? errno : EIO);
+        got += (size_t)n;
+    }
+}
+
+/* child._reseed's work, without a Python call: a fresh key from the kernel for every
+ * generator the zygote found (and checked the layout of), as a fresh interpreter's
+ * would get. */
+static void reseed(const struct plan *p) {
+    for (int i = 0; i < p->ngenerators; i++) {
+        fill_random(p->mt_keys[i], MT_WORDS * sizeof(uint32_t));
+        *p->mt_positions[i] = MT_WORDS;
+    }
+}
+
 /* In the cloned child: everything child_main does before the user's first line. */
 static PyObject *child(const struct plan *p, int control, int uid, int fds[3]) {
     close(control);
     check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG");
     arrange_fds(p, fds[0], fds[1], fds[2]);
+    reseed(p);
     setup_mounts(p, uid);
     drop_privileges(p, uid);
     check(chdir(p->workdir), "chdir");
@@ -404,6 +434,50 @@ static int parse_rules(PyObject *seq, struct plan *p) {
     return 0;
 }
 
+static int parse_generators(PyObject *seq, struct plan *p) {
+    PyObject *fast = PySequence_Fast(seq, "generators");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_GENERATORS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "at most %d generators", MAX_GENERATORS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long key, position;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "KK", &key, &position)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        p->mt_keys[i] = (uint32_t *)(uintptr_t)key;
+        p->mt_positions[i] = (int *)(uintptr_t)position;
+    }
+    p->ngenerators = (int)n;
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* write_state(key_address, position_address, key): what each child does to the
+ * generators, with a given key: native.generators checks with it that the addresses
+ * name what it thinks before serve() is trusted with them. */
+static PyObject *write_state(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long key, position;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "KKy*:write_state", &key, &position, &data))
+        return NULL;
+    if (data.len != MT_WORDS * sizeof(uint32_t)) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "a key is 624 32-bit words");
+        return NULL;
+    }
+    memcpy((void *)(uintptr_t)key, data.buf, (size_t)data.len);
+    *(int *)(uintptr_t)position = MT_WORDS;
+    PyBuffer_Release(&data);
+    Py_RETURN_NONE;
+}
+
 static int recv_request(int control, int *uid, int fds[3]) {
     char data[64];
     char control_buf[CMSG_SPACE(3 * sizeof(int))];
@@ -450,7 +524,7 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         "control", "clone_flags", "spawn", "tmpfs_options", "roots", "binds", "workdir",
         "last_cap", "nproc_headroom", "vm_baseline", "abi", "handled_fs", "handled_net",
         "scoped", "attr_size", "fs_access", "read_only", "file_only", "rules", "fd_range",
-        "writable", "readable", "seccomp", NULL};
+        "writable", "readable", "seccomp", "generators", NULL};
     (void)self;
     static struct plan p; /* static: a child's C stack stays small */
     int control, spawn, abi;
@@ -460,15 +534,15 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         file_only;
     Py_ssize_t attr_size;
     int fd_first, fd_stop;
-    PyObject *roots, *binds, *rules, *writable, *readable;
+    PyObject *roots, *binds, *rules, *writable, *readable, *generators;
     const char *tmpfs_options, *workdir;
     Py_buffer filter = {0};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "ikpsOOsilKiKKKnKKKO(ii)OOy*:serve", names, &control, &clone_flags,
+            args, kwargs, "ikpsOOsilKiKKKnKKKO(ii)OOy*O:serve", names, &control, &clone_flags,
             &spawn, &tmpfs_options, &roots, &binds, &workdir, &p.last_cap, &nproc_headroom,
             &vm_baseline, &abi, &handled_fs, &handled_net, &scoped, &attr_size, &fs_access,
             &read_only, &file_only, &rules, &fd_first, &fd_stop, &writable, &readable,
-            &filter))
+            &filter, &generators))
         return NULL;
     if (filter.len % sizeof(struct sock_filter) ||
         filter.len / sizeof(struct sock_filter) > BPF_MAXINSNS ||
@@ -499,7 +573,7 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         str_list(binds, p.binds, &p.nbinds, "binds") < 0 ||
         str_list(writable, p.writable, &p.nwritable, "writable") < 0 ||
         str_list(readable, p.readable, &p.nreadable, "readable") < 0 ||
-        parse_rules(rules, &p) < 0) {
+        parse_rules(rules, &p) < 0 || parse_generators(generators, &p) < 0) {
         PyBuffer_Release(&filter);
         return NULL;
     }
@@ -537,6 +611,8 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
 static PyMethodDef methods[] = {
     {"serve", (PyCFunction)(void (*)(void))serve, METH_VARARGS | METH_KEYWORDS,
      "Run the zygote's clone loop; returns None here, a request in each child."},
+    {"write_state", write_state, METH_VARARGS,
+     "Write an MT19937 key and position where a child's reseed would."},
     {NULL, NULL, 0, NULL}};
 #else
 static PyMethodDef methods[] = {{NULL, NULL, 0, NULL}};
@@ -546,4 +622,15 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
                                     "The zygote's clone loop and a child's set-up, in C.", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__nativechild(void) { return PyModule_Create(&module); }
+/* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
+ * stale build (an in-place .so left from an older checkout) instead of crashing. */
+#define NATIVE_ABI 2
+
+PyMODINIT_FUNC PyInit__nativechild(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,5 +1,7 @@
 # The C extension built from _nativechild.c (see native.py).
 
+ABI: int
+
 def serve(
     *,
     control: int,
@@ -25,4 +27,6 @@ def serve(
     writable: list[str],
     readable: list[str],
     seccomp: bytes,
+    generators: list[tuple[int, int]],
 ) -> tuple[bytes, int] | None: ...
+def write_state(key_address: int, position_address: int, key: bytes, /) -> None: ...

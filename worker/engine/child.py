@@ -84,14 +84,16 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
     _run(request, record_fd)
 
 
-def native_child_main(plan: ChildPlan, payload: bytes, flags: int) -> NoReturn:
+def native_child_main(plan: ChildPlan, payload: bytes, flags: int, *, reseeded: bool) -> NoReturn:
     """A child whose set-up _nativechild.serve did (see _nativechild.c): everything
     child_main does up to the request, and for a plain one (``flags`` >= 0: ``payload``
     is its code) its limits and "ready" too; a request with inputs (``flags`` -1:
     ``payload`` is the whole request) is finished here. The zygote prepared ``__main__``
-    and the streams once (see zygote.serve_natively)."""
+    and the streams once (see zygote.serve_natively). ``reseeded``: the C set-up
+    reseeded every generator _reseed would (native.generators)."""
     try:
-        _reseed()
+        if not reseeded:
+            _reseed()
         if flags < 0:
             request = Request.decode(payload)
             record_fd = _start(plan, request, plan.env)

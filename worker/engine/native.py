@@ -11,7 +11,11 @@ time, the zygote runs the Python steps, and the report says which runs and why.
 
 from __future__ import annotations
 
+import os
 import socket
+import struct
+import sys
+from collections.abc import Callable
 from types import ModuleType
 
 from codepool.worker.engine import child, isolation, landlock, linux
@@ -26,12 +30,17 @@ except ImportError:  # built where a compiler was; see setup.py
     _module = None
 
 
+ABI = 2  # _nativechild.c's NATIVE_ABI
+
+
 def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str | None:
     """Why this zygote's children cannot be set up in C; None when they can."""
     if not wanted:
         return "disabled by configuration (native_child=False)"
     if _module is None:
         return "the C extension was not built (no compiler at install time)"
+    if getattr(_module, "ABI", None) != ABI:
+        return "the C extension is a stale build: reinstall codepool (pip install -e .)"
     if not plan.state.pidns:
         return "no PID namespace here, which the C set-up assumes"
     if not single_threaded:
@@ -41,9 +50,73 @@ def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str 
     return None
 
 
-def serve(control: socket.socket, clone_flags: int, plan: ChildPlan) -> tuple[bytes, int] | None:
+_MT_WORDS = 624
+_TEST_KEY = bytes(range(256)) * 9 + bytes(range(192))  # 624 words, no two alike nearby
+
+
+def generators() -> tuple[list[tuple[int, int]], bool]:
+    """The MT19937 generators a fresh interpreter would have seeded from the kernel and a
+    forked child inherits as they are: ``random``'s and numpy's legacy global one, each
+    as (key address, position address), for _nativechild.c to reseed in every child.
+    Each address is checked first by writing a test key there and reading it back with
+    the library's own getstate; a layout this build does not know is left to child._reseed
+    (the second value: False when anything is). Leaves both freshly seeded."""
+    found: list[tuple[int, int]] = []
+    complete = True
+    random = sys.modules.get("random")
+    if random is not None:
+        instance = random._inst
+        # CPython's RandomObject: the object header, int index, uint32_t state[624].
+        header = object.__basicsize__
+        key, position = id(instance) + header + 4, id(instance) + header
+        if _writes_as_expected(key, position, lambda: random.getstate()[1]):
+            found.append((key, position))
+        else:
+            complete = False
+        random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            # numpy's mt19937_state: uint32_t key[624], then int pos.
+            key = int(numpy_random.mtrand._rand._bit_generator.ctypes.state_address)
+        except (AttributeError, TypeError):
+            complete = False
+        else:
+            position = key + 4 * _MT_WORDS
+
+            def legacy_state() -> tuple[int, ...]:
+                _, words, pos, *_ = numpy_random.get_state()
+                return (*(int(w) for w in words), int(pos))
+
+            if _writes_as_expected(key, position, legacy_state):
+                found.append((key, position))
+            else:
+                complete = False
+        np = sys.modules["numpy"]
+        numpy_random.seed(np.frombuffer(os.urandom(4 * _MT_WORDS), dtype="uint32"))
+    return found, complete
+
+
+def _writes_as_expected(key: int, position: int, state: Callable[[], tuple[int, ...]]) -> bool:
+    assert _module is not None
+    # Only ever addresses inside live objects: a wrong guess about their layout writes
+    # garbage into the generator's own state, which the reseeds after this replace.
+    expected = (*struct.unpack(f"={_MT_WORDS}I", _TEST_KEY), _MT_WORDS)
+    _module.write_state(key, position, _TEST_KEY)
+    try:
+        return tuple(state()) == expected
+    except Exception:
+        return False
+
+
+def serve(
+    control: socket.socket,
+    clone_flags: int,
+    plan: ChildPlan,
+    seeds: list[tuple[int, int]],
+) -> tuple[bytes, int] | None:
     """The clone loop (see _nativechild.c): None in the zygote once the supervisor is
-    gone; in each child, what child.native_child_main takes."""
+    gone; in each child, what child.native_child_main takes. ``seeds``: generators()."""
     assert _module is not None
     guard = plan.guard
     handled_fs, handled_net, scoped, attr_size = guard.ruleset_attr() if guard.abi else (0,) * 4
@@ -72,5 +145,6 @@ def serve(control: socket.socket, clone_flags: int, plan: ChildPlan) -> tuple[by
         writable=list(child.WRITABLE),
         readable=list(child.READABLE),
         seccomp=bytes(program) if program is not None else b"",
+        generators=seeds,
     )
     return result

@@ -261,6 +261,10 @@ class Supervisor:
         self.warm_children[kind].append(child)
 
     def _dispatch(self) -> None:
+        self._start_queued()
+        self._keep_warm()
+
+    def _start_queued(self) -> None:
         # In arrival order: a snippet whose zygote has no child waiting holds the ones
         # behind it only as long as one clone takes.
         while self.queue and len(self.running) < self.config.concurrency:
@@ -283,6 +287,8 @@ class Supervisor:
             child.started = time.monotonic()
             child.deadline = child.started + request.limits.timeout_s
             self.running[child.pid] = child
+
+    def _keep_warm(self) -> None:
         # Two children wait ready when idle or busy; while a lone snippet runs, one is
         # enough, and cloning the second waits until it ends, so neither the clone nor
         # the new child's setup competes with the snippet for the CPU.
@@ -309,7 +315,10 @@ class Supervisor:
         except OSError:
             ready, handed = False, []
         child.sock.close()
-        self.running.pop(child.pid, None)
+        if self.running.pop(child.pid, None) is not None:
+            # Its slot's next snippet starts before this one's result is read and sent,
+            # so the CPU it frees is not left idle meanwhile.
+            self._start_queued()
         if child in self.warm_children[child.kind]:
             self.warm_children[child.kind].remove(child)
             self.prefork = False

@@ -41,6 +41,8 @@ class Prepared:
     single_threaded: bool
     plan: ChildPlan  # every child's, but for its uid and fallback dir
     native_unavailable: str | None  # why children are set up in Python; None: in C
+    seeds: list[tuple[int, int]]  # generators the C set-up reseeds (native.generators)
+    reseeded: bool  # ... which are all those child._reseed would
 
 
 def serve(config: ZygoteConfig, control: socket.socket) -> None:
@@ -113,16 +115,18 @@ def prepare(config: ZygoteConfig) -> Prepared:
         env_in_place=state.pidns and dict(os.environ) == config.env,
     )
     why_not = native.unavailable(plan, single_threaded=threads == 1, wanted=config.native_child)
-    report.append(
-        {
-            "name": "child set-up",
-            "active": True,  # a speed-up, not a protection: never a failing line
-            "detail": "in C (_nativechild): the clone loop and each child's set-up"
-            if why_not is None
-            else f"in Python, about 1 ms more CPU per snippet: {why_not}",
-        }
-    )
-    return Prepared(state, report, guard, syscalls, threads == 1, plan, why_not)
+    seeds: list[tuple[int, int]] = []
+    reseeded = False
+    if why_not is None:
+        detail = "in C (_nativechild): the clone loop and each child's set-up"
+        seeds, reseeded = native.generators()
+        if not reseeded:
+            detail += "; the random generators reseeded in Python (a layout it does not know)"
+    else:
+        detail = f"in Python, about 1 ms more CPU per snippet: {why_not}"
+    # A speed-up, not a protection: never a failing line.
+    report.append({"name": "child set-up", "active": True, "detail": detail})
+    return Prepared(state, report, guard, syscalls, threads == 1, plan, why_not, seeds, reseeded)
 
 
 def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepared) -> None:
@@ -130,7 +134,7 @@ def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepar
     state, plan = ready.state, ready.plan
     flags = isolation.clone_flags(state) | CLONE_PARENT
     if ready.native_unavailable is None:
-        serve_natively(control, flags, plan)
+        serve_natively(control, flags, ready)
         return
     while True:
         try:
@@ -157,16 +161,17 @@ def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepar
             return  # the supervisor is gone
 
 
-def serve_natively(control: socket.socket, flags: int, plan: ChildPlan) -> None:
+def serve_natively(control: socket.socket, flags: int, ready: Prepared) -> None:
     """The clone loop in C (native.serve); in each child it returns the request."""
+    plan = ready.plan
     if plan.fresh is not None:
         # Once here rather than in every child: the children are copies of this state,
         # and the zygote runs no Python that reads it until the loop ends.
         snippet.prepare(plan.fresh)
-    got = native.serve(control, flags, plan)
+    got = native.serve(control, flags, plan, ready.seeds)
     if got is None:
         return  # the supervisor is gone
-    native_child_main(plan, *got)
+    native_child_main(plan, *got, reseeded=ready.reseeded)
 
 
 def _vm_size_bytes() -> int:
