@@ -5,7 +5,7 @@ the same machine in the same minute. This is a report, not a test: it exits 0 wh
 numbers say, and non-zero only when an executor raised.
 
     python ops/bench/executor.py [--concurrency 2] [--scale 1.0] [--rounds 3]
-                                 [--modes reference,spawn,fork,fork-1z]
+                                 [--modes reference,spawn,fork,fork-1z,fork-py]
     python -m codepool.ops.bench.executor
 
 Each workload runs ``--rounds`` times on every executor, alternating; the table shows the
@@ -13,7 +13,9 @@ median of the rounds, and each ratio is the median of the per-round ratios. ``cp
 CPU per snippet of the whole executor tree (supervisor, zygotes and every child; for the
 reference, its child interpreters), ``caller ms`` that of the calling process (the
 client, or the reference's threads). ``fork-1z`` is fork mode with the light zygote off,
-so the table shows what routing plain snippets to it saves.
+so the table shows what routing plain snippets to it saves; ``fork-py`` fork mode with
+children set up by the Python steps instead of the C extension (what a host without a
+compiler at install time gets).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ NUMPY_CODE = (
 SYMPY_CODE = "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 5*x + 6, x))"
 SPIN_CODE = "while True: pass"
 
-MODES = ("reference", "spawn", "fork", "fork-1z")
+MODES = ("reference", "spawn", "fork", "fork-1z", "fork-py")
 # (workload, minimum fork-vs-reference throughput ratio) checked in the targets section.
 THROUGHPUT_TARGETS = (("print", 8.0), ("numpy", 20.0), ("sympy", 30.0))
 LONE_FORK_P50_TARGET_MS = 2.5
@@ -289,7 +291,8 @@ def open_executor(mode: str, concurrency: int) -> AbstractContextManager[Runner]
         concurrency=concurrency,
         mode="fork",
         preload=("numpy", "sympy"),
-        light_zygote=mode == "fork",
+        light_zygote=mode != "fork-1z",
+        native_child=mode != "fork-py",
     )
 
 

@@ -196,6 +196,31 @@ def test_threads_and_forks_work_in_a_child(executor: LocalExecutor) -> None:
     assert_nothing_left(executor)
 
 
+def test_exit_waits_for_threads_and_runs_atexit_as_python_does(executor: LocalExecutor) -> None:
+    """The child skips threading's shutdown only when it has nothing to do: a thread
+    still running is waited for, concurrent.futures' exit hook and the user's atexit
+    functions run, a daemon thread does not hold the exit, and a snippet that never
+    touched threads exits as plainly as python -c."""
+    cases = {
+        "import threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('late'))).start()\n"
+        "print('main')": "main\nlate\n",
+        "import atexit, concurrent.futures as cf\n"
+        "atexit.register(lambda: print('at exit'))\n"
+        "pool = cf.ThreadPoolExecutor(2)\n"
+        "print(list(pool.map(abs, [-1, -2])))": "[1, 2]\nat exit\n",
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('daemon left')": "daemon left\n",
+        "import atexit\natexit.register(print, 'bye')\nprint('hi')": "hi\nbye\n",
+    }
+    for code, expected in cases.items():
+        r = executor.run(code, timeout_s=10.0)
+        assert (r.status, r.stdout) == ("ok", expected), r.stderr
+        assert r.exec_s < 5.0  # the daemon thread's sleep was not waited for
+    assert_nothing_left(executor)
+
+
 def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
     plain = "import random\nprint(random.random())"
     # The preloading zygote imported random and numpy.random: each child reseeds both

@@ -88,12 +88,29 @@ def _flush() -> None:
 
 
 def finish_threads_and_atexit() -> None:
-    import threading
-
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
+    """What Python's own exit does after the main module: wait for the threads (those
+    of ``threading``, only where it was imported, as Python does), then atexit."""
+    threading = sys.modules.get("threading")
+    if threading is not None and _threads_to_finish(threading):
+        threading._shutdown()
     atexit._run_exitfuncs()
+
+
+def _threads_to_finish(threading: types.ModuleType) -> bool:
+    """Whether threading's shutdown has anything to do: threads besides the main one
+    (the main thread's own lock is always among the shutdown locks), or its own atexit
+    hooks (concurrent.futures registers one on import). Without them it would only mark
+    the main thread stopped, which nothing after it can see but an atexit hook asking,
+    and cost each child some 50 copied pages."""
+    try:
+        return bool(
+            threading._threading_atexits
+            or len(threading._shutdown_locks) > 1
+            or threading._limbo
+            or len(threading._active) > 1
+        )
+    except AttributeError:  # another Python's threading: let it decide
+        return True
 
 
 def prepare(fresh: Fresh) -> None:
