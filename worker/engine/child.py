@@ -91,6 +91,10 @@ def native_child_main(plan: ChildPlan, payload: bytes, flags: int, *, reseeded: 
     ``payload`` is the whole request) is finished here. The zygote prepared ``__main__``
     and the streams once (see zygote.serve_natively). ``reseeded``: the C set-up
     reseeded every generator _reseed would (native.generators)."""
+    if flags >= 0 and plan.mode == "fork" and reseeded:
+        # The common case, with nothing more to build: every object made or touched
+        # here is pages the child copies.
+        snippet.run_snippet(payload, auto_print=bool(flags & 1), rich=bool(flags & 2))
     try:
         if not reseeded:
             _reseed()
