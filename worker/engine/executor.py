@@ -76,8 +76,10 @@ class LocalExecutor(SupervisorClient):
         and abstract-socket scope; seccomp: socket families and dangerous syscalls);
         turn it off only to measure what it costs.
     light_zygote: in fork mode with a preload, snippets whose imports are all in the
-        standard library fork from a second zygote that preloads nothing (much cheaper
-        per snippet; ExecResult.zygote says which ran); off only to measure the gain.
+        standard library fork from a second zygote that preloads nothing, and with two or
+        more modules preloaded, those that import only the first from a third that
+        preloads just it (much cheaper per snippet; ExecResult.zygote says which ran);
+        off (one zygote) only to measure the gain.
     native_child: the zygote's clone loop and each child's set-up in C where the
         extension was built (about 1 ms less CPU per snippet; the report's "child
         set-up" line says which runs and why); off to measure or test the Python steps.

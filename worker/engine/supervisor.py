@@ -77,7 +77,7 @@ class Child:
     err_fd: int
     slot: int
     fallback_dir: str | None
-    kind: str  # which zygote cloned it (routing.LIGHT or routing.HEAVY)
+    kind: str  # which zygote cloned it (one of routing.KINDS)
     request: Request | None = None
     started: float = 0.0
     deadline: float | None = None
@@ -96,7 +96,11 @@ class Supervisor:
         self.zygote = zygotes[routing.HEAVY]
         self.state = self.zygote.state
         self.report = self.zygote.report
-        self.router = routing.Router(config.preload) if routing.LIGHT in zygotes else None
+        self.router = (
+            routing.Router(config.preload, mid=routing.MID in zygotes)
+            if routing.LIGHT in zygotes
+            else None
+        )
         self.selector = selectors.DefaultSelector()
         self.queue: collections.deque[Request] = collections.deque()
         self.running: dict[int, Child] = {}
@@ -521,21 +525,24 @@ def await_zygote(
 
 def start_zygotes(config: ZygoteConfig) -> dict[str, ZygoteHandle]:
     """The heavy zygote (it preloads), and in fork mode with a preload a light one for
-    snippets that import none of it (see routing)."""
-    heavy = launch_zygote(config)
-    light = None
+    snippets that import none of it and, with more than one module preloaded, a mid one
+    for snippets that import only the first (see routing)."""
+    launched = {routing.HEAVY: launch_zygote(config)}
     if config.mode == "fork" and config.preload and config.light_zygote:
-        light = launch_zygote(dataclasses.replace(config, preload=[]))
-    zygotes = {routing.HEAVY: await_zygote(heavy)}
-    if light is not None:
-        zygotes[routing.LIGHT] = await_zygote(light)
+        launched[routing.LIGHT] = launch_zygote(dataclasses.replace(config, preload=[]))
+        mid = routing.mid_preload(config.preload)
+        if mid is not None:
+            launched[routing.MID] = launch_zygote(dataclasses.replace(config, preload=mid))
+    zygotes = {kind: await_zygote(started) for kind, started in launched.items()}
+    if len(zygotes) > 1:
+        detail = (
+            "a light one (no preload) for snippets whose imports are all in the standard library"
+        )
+        if routing.MID in zygotes:
+            detail += f", a mid one ({config.preload[0]} alone) for those that import only it"
         zygotes[routing.HEAVY].report.append(
-            {
-                "name": "zygotes",
-                "active": True,  # a speed-up, not a protection
-                "detail": "a light one (no preload) for snippets whose imports are all in "
-                "the standard library, the heavy one for the rest",
-            }
+            # A speed-up, not a protection: never a failing line.
+            {"name": "zygotes", "active": True, "detail": detail + ", the heavy one for the rest"}
         )
     return zygotes
 
