@@ -74,19 +74,24 @@ redis.call('HSET', KEYS[1], 'next', nxt + k, 'c:f' .. nxt, ARGV[1] .. '|' .. cla
 return {'f' .. nxt, claim, spec}
 """
 
-# KEYS: results, done. ARGV: index, result, done entry, for each of one or more results.
-# HSETNX each result; push its done entry (index and result, so the producer needs no
-# second read) only on a first write. -> one 1 (first write) or 0 per result. One call
-# for many results: Redis wakes once for them, and a producer blocked on the done list
-# gets them in one pop.
+# KEYS: results, done. ARGV: ttl_s, then index, result, done entry for each of one or
+# more results. HSETNX each result; push its done entry (index and result, so the
+# producer needs no second read) only on a first write; (re)set both keys' TTL, so
+# whatever a write leaves, a list the producer drained and this push made anew
+# included, expires. -> one 1 (first write) or 0 per result. One call for many results:
+# Redis wakes once for them, and a producer blocked on the done list gets them in one pop.
 WRITE = """
 local firsts, pushed = {}, {}
-for i = 1, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   local first = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
   firsts[#firsts + 1] = first
   if first == 1 then pushed[#pushed + 1] = ARGV[i + 2] end
 end
-if #pushed > 0 then redis.call('RPUSH', KEYS[2], unpack(pushed)) end
+if #pushed > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(pushed))
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
 """
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -146,16 +147,6 @@ class BatchRunner:
                 return {"batch": batch_id, "rejected": "whole batch"}
         return execution.finish()
 
-    def expire_batch(self, batch_id: str) -> None:
-        """(Re)set the TTL of what this dispatcher wrote of a batch, after its last
-        write: the producer may have drained the done list, which a later push makes
-        anew without a TTL."""
-        ttl_s = self.settings.batch_ttl_s
-        with self.conn.pipeline(transaction=False) as pipe:
-            pipe.expire(self.keys.batch_results(batch_id), ttl_s)
-            pipe.expire(self.keys.batch_done(batch_id), ttl_s)
-            pipe.execute()
-
     def reject_batch(self, batch_id: str, message: str) -> None:
         """Tell the producer at once that none of this batch will run."""
         done_key = self.keys.batch_done(batch_id)
@@ -170,8 +161,10 @@ class BatchRunner:
 
 class BatchExecution:
     """This dispatcher's part in one batch. Claims indices while it has room in its
-    window; each result is written by the dispatcher's ResultWriter the moment it
-    exists, and this job thread only claims and refills."""
+    window; each result goes to the dispatcher's ResultWriter the moment it exists, and
+    this job thread only claims and refills. A snippet holds its place in the window
+    until the writer takes its result, and the job ends once everything it started is
+    written."""
 
     def __init__(self, runner: BatchRunner, job: Job, payload: Any) -> None:
         self.runner = runner
@@ -185,17 +178,30 @@ class BatchExecution:
         self.drained = False  # nothing left to claim (or the batch is unusable)
         self.lost = False  # our lease was taken away: claim nothing more
         self.oversize = False
-        self.in_flight = 0  # submitted and not yet written (job thread's count)
+        self.unwritten = 0  # started and not yet written (job thread's count)
         self.ran = 0
+        # Started and not yet taken by the writer: the job thread adds, the writer takes.
+        self._running = 0
+        self._running_lock = threading.Lock()
+        # Written counts (0 only wakes the job thread: the writer took results).
         self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
-        self._ttl_set = False  # the writer thread's flag
+        self._nudged = False  # told the writer this execution expects no more
 
     # -- called by the writer thread ------------------------------------------------
 
-    def first_write(self) -> bool:
-        """True once: the write that sets the results hash's TTL."""
-        first, self._ttl_set = not self._ttl_set, True
-        return first
+    def expecting(self) -> bool:
+        """More results may come soon: snippets are started and not yet taken by the
+        writer (running, waiting for a slot, or on the way), or the job thread will
+        start more (it has claimed ones, or may claim some)."""
+        if self._running > 0:
+            return True
+        return bool(self.todo or not self.drained) and not self._stopping()
+
+    def taken(self, count: int) -> None:
+        """The writer holds ``count`` more results: their places in the window are free."""
+        with self._running_lock:
+            self._running -= count
+        self._notes.put(0)
 
     def written(self, count: int) -> None:
         self._notes.put(count)
@@ -272,20 +278,30 @@ class BatchExecution:
         return True
 
     def fill(self) -> None:
+        self._refill()
+        if not self._nudged and not self.expecting():
+            # The writer may hold results of ours waiting for company that will not come.
+            self._nudged = True
+            self.runner.writer.nudge()
+
+    def _refill(self) -> None:
         while not self._stopping():
+            room = self.window - self._running
             if not self.todo:
-                if self.drained or self.in_flight >= self.window:
+                if self.drained or room <= 0:
                     return
-                self._claim(self.window - self.in_flight)
+                self._claim(room)
                 continue
-            if self.in_flight >= self.window:
+            if room <= 0:
                 return
             self._start(self.todo.pop())
 
     def _start(self, index: int) -> None:
         runner, batch = self.runner, self.batch
         assert batch is not None
-        self.in_flight += 1
+        self.unwritten += 1
+        with self._running_lock:
+            self._running += 1
         code = batch.codes[index]
         if self.oversize:
             message = (
@@ -319,7 +335,7 @@ class BatchExecution:
         last_beat = time.monotonic()
         while True:
             self.fill()
-            if not self.in_flight:
+            if not self.unwritten:
                 break
             try:
                 note = self._notes.get(timeout=HEARTBEAT_EVERY_S)
@@ -327,7 +343,7 @@ class BatchExecution:
                 note = 0
             if isinstance(note, BaseException):
                 raise note
-            self.in_flight -= note
+            self.unwritten -= note
             self.ran += note
             if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
@@ -349,6 +365,4 @@ class BatchExecution:
                     self.batch_id,
                 )
             runner.stats.batch_done(self.batch_id, self.run)
-        if self.ran:
-            runner.expire_batch(self.batch_id)
         return {"batch": self.batch_id, "ran": self.ran}

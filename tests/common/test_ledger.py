@@ -66,7 +66,7 @@ def _write(conn: redis.Redis, settings: Settings, batch_id: str, index: int) -> 
     blob = codec.encode_result(ExecResult(True, f"{index}\n", "", 0, False, 0.01))
     keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
     entry = codec.encode_done_entry(index, blob)
-    return int(write_script(conn, keys, [index, blob, entry])[0])
+    return int(write_script(conn, keys, [settings.batch_ttl_s, index, blob, entry])[0])
 
 
 def test_claims_cover_every_index_once_and_shrink_as_the_batch_drains(redis_url: str) -> None:
@@ -202,7 +202,7 @@ def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
     keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
 
     def args(indices: list[int], text: str) -> list[object]:
-        out: list[object] = []
+        out: list[object] = [settings.batch_ttl_s]
         for index in indices:
             blob = codec.encode_result(ExecResult(True, text, "", 0, False, 0.01))
             out += [index, blob, codec.encode_done_entry(index, blob)]
@@ -218,3 +218,12 @@ def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
         (3, "second"),
     ]
     assert codec.decode_result(conn.hget(keys[0], "2")).stdout == "first"
+    # Every write (re)sets the TTL of what it leaves, a done list the producer drained and
+    # a later push made anew included; a write of duplicates only pushes nothing.
+    ttl_s = settings.batch_ttl_s
+    assert 0 < conn.ttl(keys[0]) <= ttl_s and 0 < conn.ttl(keys[1]) <= ttl_s
+    conn.delete(keys[1])
+    assert write_script(conn, keys, args([3], "again")) == [0]
+    assert not conn.exists(keys[1])
+    assert write_script(conn, keys, args([4], "third")) == [1]
+    assert 0 < conn.ttl(keys[1]) <= ttl_s
