@@ -47,9 +47,8 @@ POLL_BLOCK_S = 1.0
 # No result for this long while dispatchers live: announce the batch again if it still
 # has unclaimed work (an announcement lost, say, with a Redis that failed over).
 STALL_S = 10.0
-# While results are streaming in, wait this long after a read so the next one takes
-# several (one BLMPOP per result would be a Redis command per snippet).
-COLLECT_LINGER_S = 0.008
+# No lingering once this few results are missing: the end of a batch comes at once.
+LINGER_UNTIL_LEFT = 8
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
 NO_WORKER_MESSAGE = (
     "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
@@ -321,8 +320,11 @@ class Batch:
                 self._results[index] = result
                 progress_at = time.monotonic()
                 yield index, result
-            if entries and len(self._results) < self.size:
-                time.sleep(COLLECT_LINGER_S)
+            left = self.size - len(self._results)
+            if entries and left > LINGER_UNTIL_LEFT:
+                # While results stream in, the next read waits for several: each read
+                # costs Redis a round trip, and the worker hosts write in groups anyway.
+                time.sleep(pool.settings.collect_linger_s)
         for index in range(self.size):
             if index not in self._results:
                 self._results[index] = infra(message)
