@@ -21,6 +21,7 @@ from typing import Any
 from redis.client import Pipeline
 from rq import Queue, SimpleWorker
 from rq.job import Job
+from rq.utils import now as now_utc
 from rq.worker import WorkerStatus
 
 from codepool.common.codec import MsgpackSerializer
@@ -39,8 +40,8 @@ log = logging.getLogger(__name__)
 
 # RQ blocks in BLMOVE for worker_ttl - 15 s; the socket timeout must outlast that.
 WORKER_TTL_S = 35
-# A state RQ sets again within this long of sending it is not sent again.
-STATE_REPEAT_S = 1.0
+# A heartbeat RQ sends within this long of the last is not sent.
+HEARTBEAT_REPEAT_S = 10.0
 
 
 @dataclass
@@ -68,26 +69,50 @@ class Dispatcher(SimpleWorker):
     """An RQ SimpleWorker whose jobs can only be codepool batches."""
 
     runner: BatchRunner | None = None
-    _state_sent_at = 0.0  # monotonic time the last state change went to Redis on its own
+    _beat_sent_at = -1e9  # monotonic time of the last heartbeat of RQ's default TTL
+    _state_unsent = False  # the state changed to IDLE and Redis has not been told yet
 
-    # Redis CPU goes by round trips rather than commands: RQ sends the three commands
-    # of a worker heartbeat one round trip each, three times per job, and sets IDLE at
-    # the end of a job and again before its next dequeue. One pipeline per heartbeat,
-    # and no second IDLE, save seven round trips a job; Redis ends up holding the same.
+    # Redis CPU goes by round trips rather than commands. RQ sends the three commands
+    # of a worker heartbeat one round trip each, three times a job within milliseconds
+    # (after the job, and twice around the next dequeue), and sets IDLE at the end of a
+    # job and again before its next dequeue. Here a heartbeat is one pipeline that also
+    # says the worker's state, none goes within HEARTBEAT_REPEAT_S of the last (the
+    # worker's key lives worker_ttl + 60 s; RQ beats every worker_ttl - 15 s while it
+    # waits) unless a state is to be told, a state that did not change is not sent
+    # again, and IDLE rides with the next heartbeat (RQ's suspension check, which pipes
+    # one, comes next in its loop): twelve round trips a job less; Redis holds the same.
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)
+            self._say_state(pipeline)
             return
+        now = time.monotonic()
+        if timeout is None:
+            if now - self._beat_sent_at < HEARTBEAT_REPEAT_S and not self._state_unsent:
+                return
+            self._beat_sent_at = now
         with self.connection.pipeline(transaction=False) as own:
             super().heartbeat(timeout, pipeline=own)
+            self._say_state(own)
             own.execute()
+
+    def _say_state(self, pipeline: Pipeline) -> None:
+        # Always: a key that expired is made anew by the heartbeat, with the state in it.
+        pipeline.hset(self.key, "state", self._state)
+        self._state_unsent = False
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        # RQ heartbeats the job here to keep it alive through its success or failure
+        # callback; codepool jobs have none (CodepoolJob), so the round trip goes.
+        job.ended_at = now_utc()
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is None:
-            now = time.monotonic()
-            if state == self._state and now - self._state_sent_at < STATE_REPEAT_S:
+            if state == self._state:
                 return
-            self._state_sent_at = now
+            if state == WorkerStatus.IDLE:
+                self._state, self._state_unsent = state, True
+                return
         super().set_state(state, pipeline=pipeline)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
@@ -102,9 +127,13 @@ class Dispatcher(SimpleWorker):
             # the job's finish, and the clean exit then gave the lease up with the claimed
             # indices never run nor given back (the batch waited for its deadline). Busy,
             # the SIGTERM waits for the job, whose finish gives back what it claimed.
-            self.set_state(WorkerStatus.BUSY)
-            # Snippets start now and run while RQ does its per-job bookkeeping.
-            job.execution = self.runner.prestart(job)
+            # Redis learns it with the first claim, in one round trip.
+            with self.connection.pipeline(transaction=False) as first:
+                self.set_state(WorkerStatus.BUSY, pipeline=first)
+                # Snippets start now and run while RQ does its per-job bookkeeping.
+                job.execution = self.runner.prestart(job, pipeline=first)
+                if len(first):  # no claim was made: the state goes on its own
+                    first.execute()
         super().execute_job(job, queue)
 
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from rq.job import Job
 
 from codepool.common import codec
@@ -123,14 +124,15 @@ class BatchRunner:
         self.window = max(1, window)
         self.queue = batch_queue(conn, settings)
 
-    def prestart(self, job: Job) -> BatchExecution | None:
+    def prestart(self, job: Job, *, pipeline: Pipeline | None = None) -> BatchExecution | None:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
-        so the two overlap. None if the announcement is bad (run() reports it)."""
+        so the two overlap; the first claim goes with what ``pipeline`` holds. None if
+        the announcement is bad (run() reports it)."""
         try:
             execution = BatchExecution(self, job, job.args[0] if job.args else None)
         except (WireError, IndexError):
             return None
-        execution.fill()
+        execution.fill(pipeline=pipeline)
         return execution
 
     def run(self, job: Job, payload: Any) -> dict[str, Any]:
@@ -186,6 +188,7 @@ class BatchExecution:
         # Written counts (0 only wakes the job thread: the writer took results).
         self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
         self._nudged = False  # told the writer this execution expects no more
+        self._first_claim_with: Pipeline | None = None
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -217,23 +220,31 @@ class BatchExecution:
     def _claim(self, room: int) -> None:
         runner, keys = self.runner, self.runner.keys
         first = self.batch is None
-        reply = claim_script(
-            runner.conn,
-            [
-                keys.batch_state(self.batch_id),
-                keys.batch_retry(self.batch_id),
-                keys.leases(),
-                keys.owner_batches(runner.lease.owner),
-            ],
-            [
-                runner.lease.owner,
-                self.batch_id,
-                room,
-                MAX_CLAIM,
-                runner.lease.live,
-                "1" if first else "0",
-            ],
-        )
+        claim_keys = [
+            keys.batch_state(self.batch_id),
+            keys.batch_retry(self.batch_id),
+            keys.leases(),
+            keys.owner_batches(runner.lease.owner),
+        ]
+        args = [
+            runner.lease.owner,
+            self.batch_id,
+            room,
+            MAX_CLAIM,
+            runner.lease.live,
+            "1" if first else "0",
+        ]
+        pipeline, self._first_claim_with = self._first_claim_with, None
+        if pipeline is None:
+            reply = claim_script(runner.conn, claim_keys, args)
+        else:
+            claim_script.queue(pipeline, claim_keys, args)
+            try:
+                reply = pipeline.execute()[-1]
+            except redis.exceptions.NoScriptError:
+                # What came before the claim went through; the claim is made again.
+                claim_script.load(runner.conn)
+                reply = claim_script(runner.conn, claim_keys, args)
         status = reply[0]
         if status == -2:
             self.lost = self.drained = True
@@ -277,8 +288,12 @@ class BatchExecution:
         )
         return True
 
-    def fill(self) -> None:
+    def fill(self, *, pipeline: Pipeline | None = None) -> None:
+        """Start what there is room for, claiming as needed (the first claim in
+        ``pipeline``, with what it holds)."""
+        self._first_claim_with = pipeline
         self._refill()
+        self._first_claim_with = None
         if not self._nudged and not self.expecting():
             # The writer may hold results of ours waiting for company that will not come.
             self._nudged = True

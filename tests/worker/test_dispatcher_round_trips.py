@@ -1,5 +1,7 @@
 """RQ's per-job bookkeeping in a dispatcher costs few round trips: a worker heartbeat is
-one pipeline, and a state RQ sets twice in a row is sent once; Redis holds the same."""
+one pipeline (the worker's state in it) and is not repeated within ten seconds, a state
+RQ sets again unchanged is not sent, IDLE rides with the next heartbeat, and the job
+heartbeat RQ sends for callbacks codepool never has is not sent; Redis holds the same."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from rq import Queue
 from rq.worker import WorkerStatus
 
 from codepool.common.codec import MsgpackSerializer
+from codepool.common.wire import JOB_FUNCTION
 from codepool.worker.dispatcher import Dispatcher
 from codepool.worker.job import CodepoolJob
 
@@ -44,10 +47,27 @@ def test_heartbeats_and_repeated_states_cost_one_round_trip(redis_url: str) -> N
 
     assert round_trips(worker.heartbeat) == 1
     assert conn.hget(worker.key, "last_heartbeat") and conn.ttl(worker.key) > 0
-    assert round_trips(lambda: worker.set_state(WorkerStatus.IDLE)) == 1
-    assert round_trips(lambda: worker.set_state(WorkerStatus.IDLE)) == 0
-    assert conn.hget(worker.key, "state") == b"idle"
+    assert conn.hget(worker.key, "state") == b"starting"
+    assert round_trips(worker.heartbeat) == 0
+    # A heartbeat with a TTL of its own (RQ's, for a job) always goes.
+    assert round_trips(lambda: worker.heartbeat(600)) == 1
+    assert conn.ttl(worker.key) > 95
     assert round_trips(lambda: worker.set_state(WorkerStatus.BUSY)) == 1
-    assert round_trips(lambda: worker.set_state(WorkerStatus.IDLE)) == 1
+    assert round_trips(lambda: worker.set_state(WorkerStatus.BUSY)) == 0
+    assert conn.hget(worker.key, "state") == b"busy"
+    # IDLE (the end of a job) rides with the next heartbeat, which then goes however
+    # recent the last one was.
+    assert round_trips(lambda: worker.set_state(WorkerStatus.IDLE)) == 0
+    assert worker.get_state() == WorkerStatus.IDLE
+    assert round_trips(worker.heartbeat) == 1
     assert conn.hget(worker.key, "state") == b"idle"
+    assert round_trips(worker.heartbeat) == 0
+    # An unchanged state is never sent again, so a worker key that expired (and that a
+    # heartbeat makes anew) gets it back from the heartbeat.
+    conn.delete(worker.key)
+    worker.heartbeat(600)
+    assert conn.hget(worker.key, "state") == b"idle"
+    job = CodepoolJob.create(JOB_FUNCTION, connection=conn, serializer=MsgpackSerializer)
+    assert round_trips(lambda: worker.handle_execution_ended(job, queue, 60)) == 0
+    assert job.ended_at is not None
     conn.close()
