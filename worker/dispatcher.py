@@ -1,6 +1,8 @@
 """One dispatcher process of ``codepool worker``: an RQ worker that joins announced
 batches in process (no fork per job) and runs its claims on the host's shared executor,
-holding a lease (worker/lease.py) while it lives.
+holding a lease (worker/lease.py) while it lives. Its share of the executor's slots, and
+what it may borrow of its siblings', come from worker/host_window.py; it waits on the
+queue only in its host's turn (worker/listen_turn.py).
 
 Run by the worker host as ``python -m codepool.worker.dispatcher`` with its JSON config
 on stdin.
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -32,8 +33,10 @@ from codepool.common.wire import JOB_FUNCTION
 from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.engine import linux
 from codepool.worker.engine.client import AttachedExecutor
+from codepool.worker.host_window import HostWindow
 from codepool.worker.job import BatchRunner, CodepoolJob
 from codepool.worker.lease import LeaseKeeper
+from codepool.worker.listen_turn import ListenTurn
 from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,9 @@ log = logging.getLogger(__name__)
 WORKER_TTL_S = 35
 # A heartbeat RQ sends within this long of the last is not sent.
 HEARTBEAT_REPEAT_S = 10.0
+# In the worker host's private dir: the dispatchers' shared counts and listen turn.
+WINDOW_FILE = "window"
+TURN_FILE = "listen-turn"
 
 
 @dataclass
@@ -53,6 +59,8 @@ class DispatcherConfig:
     max_limits: dict[str, Any]
     slots: int = 2  # the host executor's concurrency
     dispatchers: int = 2  # dispatchers sharing it
+    slot: int = 0  # this dispatcher's place among them
+    host_dir: str = ""  # the host's private dir: its window counts and listen turn
     burst: bool = False
     log_level: str = "INFO"
     parent_pid: int = 0
@@ -66,9 +74,11 @@ class DispatcherConfig:
 
 
 class Dispatcher(SimpleWorker):
-    """An RQ SimpleWorker whose jobs can only be codepool batches."""
+    """An RQ SimpleWorker whose jobs can only be codepool batches, and which waits on
+    the queue only in its host's turn (worker/listen_turn.py)."""
 
     runner: BatchRunner | None = None
+    turn: ListenTurn | None = None
     _beat_sent_at = -1e9  # monotonic time of the last heartbeat of RQ's default TTL
     _state_unsent = False  # the state changed to IDLE and Redis has not been told yet
 
@@ -105,6 +115,17 @@ class Dispatcher(SimpleWorker):
         # RQ heartbeats the job here to keep it alive through its success or failure
         # callback; codepool jobs have none (CodepoolJob), so the round trip goes.
         job.ended_at = now_utc()
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        if self.turn is None:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        self.turn.take(keepalive=self.heartbeat, every_s=WORKER_TTL_S - 15)
+        try:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        finally:
+            self.turn.give_back()
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is None:
@@ -161,6 +182,12 @@ def main(argv: list[str]) -> int:
         minute_ttl_s=settings.minute_stats_ttl_s,
         batch_ttl_s=settings.batch_ttl_s,
     )
+    window = HostWindow(
+        os.path.join(config.host_dir, WINDOW_FILE),
+        slot=config.slot,
+        slots=config.slots,
+        dispatchers=config.dispatchers,
+    )
     queue = Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
     worker = Dispatcher(
         [queue],
@@ -171,10 +198,15 @@ def main(argv: list[str]) -> int:
         worker_ttl=WORKER_TTL_S,
         log_job_description=False,
     )
+    worker.turn = ListenTurn(os.path.join(config.host_dir, TURN_FILE))
     # A fenced dispatcher stops as on SIGTERM (in-flight snippets end, nothing more is
     # written) and the worker host starts a fresh one in its place.
     lease = LeaseKeeper(
-        conn, settings, owner=config.name, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM)
+        conn,
+        settings,
+        owner=config.name,
+        host=config.host,
+        on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
     )
     writer = ResultWriter(
         conn, settings.keys, stats, settings.batch_ttl_s, lease, write_gap_s=settings.write_gap_s
@@ -188,7 +220,7 @@ def main(argv: list[str]) -> int:
         stop_requested=lambda: bool(worker._stop_requested),
         writer=writer,
         lease=lease,
-        window=math.ceil(config.slots / max(1, config.dispatchers)) + 1,
+        window=window,
     )
     lease.start()
     stats.start()
@@ -201,6 +233,8 @@ def main(argv: list[str]) -> int:
         stats.stop()
         lease.stop()
         executor.close()
+        worker.turn.close()
+        window.close()
     return 0
 
 

@@ -41,6 +41,7 @@ from codepool.common.wire import (
 )
 from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.engine.client import SupervisorClient
+from codepool.worker.host_window import HostWindow
 from codepool.worker.lease import LeaseKeeper
 from codepool.worker.writer import ResultWriter
 
@@ -95,8 +96,8 @@ class CodepoolJob(Job):
 class BatchRunner:
     """Runs announced batches for one dispatcher: claims in, Redis results and stats out.
 
-    window: snippets this dispatcher keeps in the host's executor at once (its share of
-        the slots plus one waiting, so a freed slot never waits for a claim).
+    window: this dispatcher's view of the host's slots: how many snippets it may keep
+        in the executor at once (its share, plus what its siblings leave free).
     """
 
     def __init__(
@@ -110,7 +111,7 @@ class BatchRunner:
         stop_requested: Callable[[], bool],
         writer: ResultWriter,
         lease: LeaseKeeper,
-        window: int,
+        window: HostWindow,
     ) -> None:
         self.executor = executor
         self.conn = conn
@@ -121,7 +122,7 @@ class BatchRunner:
         self.stop_requested = stop_requested
         self.writer = writer
         self.lease = lease
-        self.window = max(1, window)
+        self.window = window
         self.queue = batch_queue(conn, settings)
 
     def prestart(self, job: Job, *, pipeline: Pipeline | None = None) -> BatchExecution | None:
@@ -162,9 +163,9 @@ class BatchRunner:
 
 
 class BatchExecution:
-    """This dispatcher's part in one batch. Claims indices while it has room in its
-    window; each result goes to the dispatcher's ResultWriter the moment it exists, and
-    this job thread only claims and refills. A snippet holds its place in the window
+    """This dispatcher's part in one batch. Claims indices while the host's window has
+    room for it; each result goes to the dispatcher's ResultWriter the moment it exists,
+    and this job thread only claims and refills. A snippet holds its place in the window
     until the writer takes its result, and the job ends once everything it started is
     written."""
 
@@ -175,7 +176,6 @@ class BatchExecution:
         self.batch: BatchJob | None = None  # read with the first claim
         self.run = ""
         self.limits = Limits()
-        self.window = runner.window
         self.todo: list[int] = []  # claimed, not started; pop() gives input order
         self.drained = False  # nothing left to claim (or the batch is unusable)
         self.lost = False  # our lease was taken away: claim nothing more
@@ -204,6 +204,7 @@ class BatchExecution:
         """The writer holds ``count`` more results: their places in the window are free."""
         with self._running_lock:
             self._running -= count
+            self.runner.window.publish(self._running)
         self._notes.put(0)
 
     def written(self, count: int) -> None:
@@ -225,13 +226,14 @@ class BatchExecution:
             keys.batch_retry(self.batch_id),
             keys.leases(),
             keys.owner_batches(runner.lease.owner),
+            keys.hosts(),
         ]
         args = [
             runner.lease.owner,
             self.batch_id,
             room,
             MAX_CLAIM,
-            runner.lease.live,
+            runner.settings.lease_s,
             "1" if first else "0",
         ]
         pipeline, self._first_claim_with = self._first_claim_with, None
@@ -266,6 +268,8 @@ class BatchExecution:
             self.drained = True
             return
         self.todo = parse_indices(reply[1].decode())[::-1]
+        # The batch's last claim: no claim round trip to learn that nothing is left.
+        self.drained = int(reply[3]) == 1
 
     def _read_batch(self, spec: Any) -> bool:
         runner = self.runner
@@ -301,7 +305,7 @@ class BatchExecution:
 
     def _refill(self) -> None:
         while not self._stopping():
-            room = self.window - self._running
+            room = self.runner.window.room(self._running)
             if not self.todo:
                 if self.drained or room <= 0:
                     return
@@ -317,6 +321,7 @@ class BatchExecution:
         self.unwritten += 1
         with self._running_lock:
             self._running += 1
+            runner.window.publish(self._running)
         code = batch.codes[index]
         if self.oversize:
             message = (
