@@ -49,8 +49,8 @@ class Settings:
     socket_timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
     stats_flush_s: float = 1.0
-    write_gap_s: float = 0.02
-    collect_linger_s: float = 0.02
+    write_gap_s: float = 0.1
+    collect_linger_s: float = 0.05
     minute_stats_ttl_s: int = 2 * 86400
     max_batch_snippets: int = 10_000
     max_batch_bytes: int = 256 << 20

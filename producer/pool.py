@@ -326,7 +326,10 @@ class Batch:
             if entries and left > LINGER_UNTIL_LEFT:
                 # While results stream in, the next read waits for several: each read
                 # costs Redis a round trip, and the worker hosts write in groups anyway.
-                time.sleep(pool.settings.collect_linger_s)
+                # Never longer than the rest should take at the pace so far, so the end
+                # of a batch is not waited for.
+                pace_s = (time.monotonic() - self.submitted) / max(1, len(self._results))
+                time.sleep(min(pool.settings.collect_linger_s, left * pace_s))
         for index in range(self.size):
             if index not in self._results:
                 self._results[index] = infra(message)
