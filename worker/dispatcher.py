@@ -123,9 +123,15 @@ class Dispatcher(SimpleWorker):
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         self.turn.take(keepalive=self.heartbeat, every_s=WORKER_TTL_S - 15)
         try:
-            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-        finally:
+            result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        except BaseException:
             self.turn.give_back()
+            raise
+        if result is None:
+            self.turn.give_back()
+        # With a job, the turn passes on once its first snippets have started
+        # (execute_job): the sibling's wake-up then does not compete with them.
+        return result
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is None:
@@ -137,6 +143,14 @@ class Dispatcher(SimpleWorker):
         super().set_state(state, pipeline=pipeline)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        try:
+            self._start_job(job)
+        finally:
+            if self.turn is not None:
+                self.turn.give_back()
+        super().execute_job(job, queue)
+
+    def _start_job(self, job: Job) -> None:
         if job.func_name != JOB_FUNCTION:
             log.error(
                 "refusing job %s: it names %r, not codepool's job function", job.id, job.func_name
@@ -155,7 +169,6 @@ class Dispatcher(SimpleWorker):
                 job.execution = self.runner.prestart(job, pipeline=first)
                 if len(first):  # no claim was made: the state goes on its own
                     first.execute()
-        super().execute_job(job, queue)
 
 
 def main(argv: list[str]) -> int:
