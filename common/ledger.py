@@ -104,8 +104,8 @@ return firsts
 """
 
 # KEYS: leases, hosts. ARGV: owner ('' to only watch), lease_s, first ('1' on the first
-# beat), the owner's host. Renews the owner's lease and its host's. Hosts silent for
-# an hour (killed, never back) are forgotten.
+# beat), the owner's host. Renews the owner's lease and its host's (worker hosts forget
+# hosts silent for an hour: killed, never back).
 # -> {1, live hosts, lapsed owners} or {-1} when the owner was fenced or forgotten meanwhile.
 HEARTBEAT = """
 local t = redis.call('TIME')
@@ -115,7 +115,6 @@ if ARGV[1] ~= '' then
   if ARGV[3] ~= '1' and ((not s) or tonumber(s) == 0) then return {-1} end
   redis.call('ZADD', KEYS[1], now, ARGV[1])
   redis.call('ZADD', KEYS[2], now, ARGV[4])
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 3600)
 end
 local live = redis.call('ZCOUNT', KEYS[2], now - ARGV[2], '+inf')
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], 0, now - ARGV[2], 'LIMIT', 0, 16)

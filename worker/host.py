@@ -39,6 +39,7 @@ from codepool.worker.engine.reaping import wait_or_kill
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 5.0
+FORGET_HOSTS_AFTER_S = 3600.0
 HOST_DIR_PREFIX = "codepool-worker-"
 QUICK_EXIT_S = 10.0
 STOP_GRACE_S = 600.0
@@ -198,6 +199,9 @@ class WorkerHost:
         try:
             with self.conn.pipeline(transaction=False) as pipe:
                 pipe.zadd(keys.workers(), {self.name: now})
+                # Hosts killed and never back (the scores are Redis server time; an
+                # hour is far beyond any clock skew).
+                pipe.zremrangebyscore(keys.hosts(), "-inf", now - FORGET_HOSTS_AFTER_S)
                 pipe.hset(
                     keys.worker_stats(self.name),
                     mapping={
