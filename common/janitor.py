@@ -140,12 +140,11 @@ class Janitor:
         result = infra(LOST_MESSAGE.format(runs=runs), worker=self.name)
         blob = codec.encode_result(result)
         keys = [self.keys.batch_results(batch_id), self.keys.batch_done(batch_id)]
-        args = []
+        args: list[object] = [self.settings.batch_ttl_s]
         for index in indices:
             args += [index, blob, codec.encode_done_entry(index, blob)]
-        firsts = write_script(self.conn, keys, args) if args else []
+        firsts = write_script(self.conn, keys, args)
         written = [(index, result) for index, first in zip(indices, firsts, strict=True) if first]
-        self.conn.expire(keys[1], self.settings.batch_ttl_s)
         self._count(batch_id, run, "", written)
         log.warning(
             "janitor %s: batch %s: %d snippets lost too often", self.name, batch_id, len(indices)

@@ -41,6 +41,11 @@ class Keys:
         """Sorted set: dispatcher -> last heartbeat (Redis server time, s); 0 = fenced."""
         return f"{self.prefix}leases"
 
+    def hosts(self) -> str:
+        """Sorted set: worker host -> the last heartbeat of any of its dispatchers (Redis
+        server time, s): the live hosts a batch is announced to."""
+        return f"{self.prefix}hosts"
+
     def owner_batches(self, owner: str) -> str:
         """Set: the batches a dispatcher has claimed work in."""
         return f"{self.prefix}owner:{owner}:batches"

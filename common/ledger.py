@@ -12,8 +12,12 @@ dispatcher that comes back learns it from its next heartbeat and stops.
 Stats are counted per index through a bitmap, so a result is counted once however many
 times it was flushed, retried or found orphaned by a janitor.
 
-Everything that must be atomic is a Lua script here; the per-snippet path costs one
-EVALSHA (the result write), a claim one per run of indices.
+Batches are announced to, and claims sized by, the live *hosts* (``hosts``: each
+dispatcher's heartbeat renews its host's score too): one dispatcher per host joins a
+batch, and may use every slot its siblings leave free (worker/host_window.py).
+
+Everything that must be atomic is a Lua script here; results cost one EVALSHA per write
+of many (the result writer gathers them), a claim one per run of indices.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-# KEYS: state, leases. ARGV: spec, n, run, reruns, ttl_s, lease_s. -> live dispatchers.
+# KEYS: state, hosts. ARGV: spec, n, run, reruns, ttl_s, lease_s. -> live hosts.
 SUBMIT = """
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
            'reruns', ARGV[4])
@@ -34,64 +38,75 @@ local t = redis.call('TIME')
 return redis.call('ZCOUNT', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[6], '+inf')
 """
 
-# KEYS: state, retry, leases, owner_batches.
-# ARGV: owner, batch_id, min_k, max_k, live, need_spec ('1' on a dispatcher's first claim
-# in this batch: returns the batch record too).
+# KEYS: state, retry, leases, owner_batches, hosts.
+# ARGV: owner, batch_id, min_k, max_k, lease_s, need_spec ('1' on a dispatcher's first
+# claim in this batch: returns the batch record too).
 # -> {-2} fenced owner; {-1} no such batch; {0, '', spec} nothing left to claim;
-#    {claim_id, indices, spec}: indices "a-b" (fresh range) or "i,j" (released ones).
+#    {claim_id, indices, spec, last}: indices "a-b" (fresh range) or "i,j" (released
+#    ones); last = 1 when nothing is left to claim after this one (no claim need follow).
 # Claims are fields ``c:{id}`` = ``owner|indices`` of the state hash (one HSET with the
 # ``next`` counter). Fresh runs shrink as the batch drains (guided self-scheduling):
-# about what is left over twice the live dispatchers, at least what the claimer has
-# room for.
+# what is left over one less than twice the hosts live now (all of it for a lone host,
+# a third for two), at least what the claimer has room for.
 CLAIM = """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if (not score) or tonumber(score) == 0 then return {-2} end
 local st = redis.call('HMGET', KEYS[1], 'n', 'next', 'retry')
 if not st[1] then return {-1} end
-local n, nxt = tonumber(st[1]), tonumber(st[2])
+local n, nxt, retry = tonumber(st[1]), tonumber(st[2]), tonumber(st[3] or '0')
 local min_k, max_k = tonumber(ARGV[3]), tonumber(ARGV[4])
 local spec = false
 if ARGV[6] == '1' then
   spec = redis.call('HGET', KEYS[1], 'spec')
   redis.call('SADD', KEYS[4], ARGV[2])
 end
-if tonumber(st[3] or '0') > 0 then
+if retry > 0 then
   local again = redis.call('LPOP', KEYS[2], min_k)
   if again then
     redis.call('HINCRBY', KEYS[1], 'retry', -#again)
     local cid = 'r' .. redis.call('HINCRBY', KEYS[1], 'seq', 1)
     local claim = table.concat(again, ',')
     redis.call('HSET', KEYS[1], 'c:' .. cid, ARGV[1] .. '|' .. claim)
-    return {cid, claim, spec}
+    local last = (retry - #again <= 0 and nxt >= n) and 1 or 0
+    return {cid, claim, spec, last}
   end
 end
 if nxt >= n then return {0, '', spec} end
 local left = n - nxt
-local k = math.ceil(left / (2 * math.max(1, tonumber(ARGV[5]))))
+local t = redis.call('TIME')
+local live = redis.call('ZCOUNT', KEYS[5], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[5], '+inf')
+local k = math.ceil(left / (2 * math.max(1, live) - 1))
 k = math.min(math.max(k, min_k), max_k, left)
 local claim = nxt .. '-' .. (nxt + k - 1)
 redis.call('HSET', KEYS[1], 'next', nxt + k, 'c:f' .. nxt, ARGV[1] .. '|' .. claim)
-return {'f' .. nxt, claim, spec}
+return {'f' .. nxt, claim, spec, (k == left and retry <= 0) and 1 or 0}
 """
 
-# KEYS: results, done. ARGV: index, result, done entry, for each of one or more results.
-# HSETNX each result; push its done entry (index and result, so the producer needs no
-# second read) only on a first write. -> one 1 (first write) or 0 per result. One call
-# for many results: Redis wakes once for them, and a producer blocked on the done list
-# gets them in one pop.
+# KEYS: results, done. ARGV: ttl_s, then index, result, done entry for each of one or
+# more results. HSETNX each result; push its done entry (index and result, so the
+# producer needs no second read) only on a first write; (re)set both keys' TTL, so
+# whatever a write leaves, a list the producer drained and this push made anew
+# included, expires. -> one 1 (first write) or 0 per result. One call for many results:
+# Redis wakes once for them, and a producer blocked on the done list gets them in one pop.
 WRITE = """
 local firsts, pushed = {}, {}
-for i = 1, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   local first = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
   firsts[#firsts + 1] = first
   if first == 1 then pushed[#pushed + 1] = ARGV[i + 2] end
 end
-if #pushed > 0 then redis.call('RPUSH', KEYS[2], unpack(pushed)) end
+if #pushed > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(pushed))
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
 """
 
-# KEYS: leases. ARGV: owner ('' to only watch), lease_s, first ('1' on the first beat).
-# -> {1, live, lapsed owners} or {-1} when the owner was fenced or forgotten meanwhile.
+# KEYS: leases, hosts. ARGV: owner ('' to only watch), lease_s, first ('1' on the first
+# beat), the owner's host. Renews the owner's lease and its host's (worker hosts forget
+# hosts silent for an hour: killed, never back).
+# -> {1, live hosts, lapsed owners} or {-1} when the owner was fenced or forgotten meanwhile.
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -99,8 +114,9 @@ if ARGV[1] ~= '' then
   local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if ARGV[3] ~= '1' and ((not s) or tonumber(s) == 0) then return {-1} end
   redis.call('ZADD', KEYS[1], now, ARGV[1])
+  redis.call('ZADD', KEYS[2], now, ARGV[4])
 end
-local live = redis.call('ZCOUNT', KEYS[1], now - ARGV[2], '+inf')
+local live = redis.call('ZCOUNT', KEYS[2], now - ARGV[2], '+inf')
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], 0, now - ARGV[2], 'LIMIT', 0, 16)
 return {1, live, lapsed}
 """

@@ -1,8 +1,9 @@
 """Announcing batches on the RQ queue: small jobs that name a batch, msgpack-serialized.
 
 The batch itself is stored once (``ledger.SUBMIT``); an announcement only tells one idle
-dispatcher to join it and claim work. A batch is announced to as many dispatchers as can
-usefully share it, and again by a janitor when work is released from a lapsed claim.
+dispatcher to join it and claim work. A batch is announced to as many hosts as can
+usefully share it (one dispatcher per host waits on the queue at a time, so each takes
+one), and again by a janitor when work is released from a lapsed claim.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from codepool.common.codec import MsgpackSerializer
 from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION, encode_announcement
 
-# A dispatcher that joins a batch should find at least this many snippets to claim.
+# A host that joins a batch should find at least this many snippets to claim.
 MIN_SHARE = 2
 
 
@@ -26,9 +27,10 @@ def batch_queue(conn: redis.Redis, settings: Settings) -> Queue:
     return Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
 
 
-def announcements_for(size: int, live_dispatchers: int) -> int:
-    """How many dispatchers to invite to a batch of ``size`` snippets."""
-    return max(1, min(live_dispatchers, math.ceil(size / MIN_SHARE)))
+def announcements_for(size: int, live_hosts: int) -> int:
+    """How many hosts to invite to a batch of ``size`` snippets (one dispatcher of each
+    joins it, and may use all the slots of its host that its siblings leave free)."""
+    return max(1, min(live_hosts, math.ceil(size / MIN_SHARE)))
 
 
 def announce(

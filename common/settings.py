@@ -23,6 +23,12 @@ class Settings:
     socket_timeout_s: redis-py socket timeout for ordinary commands (blocking reads
         add their own block time to it).
     stats_flush_s: dispatchers flush aggregated counters at least this often.
+    write_gap_s: while a dispatcher's results stream in, it writes them to Redis at
+        most once per this many seconds, each write carrying all that gathered (a
+        result after a quieter spell, or one nothing else would join, goes at once);
+        0 writes each as soon as the writer is free.
+    collect_linger_s: while a batch's results stream in, a producer reads its done list
+        at most once per this many seconds (not once the batch's last few are missing).
     minute_stats_ttl_s: lifetime of the per-minute counters.
     max_batch_snippets: largest batch a producer may submit / a worker accepts.
     max_batch_bytes: largest stored batch (code, stdin and files of all its snippets).
@@ -43,6 +49,8 @@ class Settings:
     socket_timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
     stats_flush_s: float = 1.0
+    write_gap_s: float = 0.1
+    collect_linger_s: float = 0.05
     minute_stats_ttl_s: int = 2 * 86400
     max_batch_snippets: int = 10_000
     max_batch_bytes: int = 256 << 20

@@ -7,11 +7,11 @@ results = batch.results(timeout_s=300)                  # list[ExecResult], inpu
 for i, r in batch.as_completed(): ...
 pool.metrics(run="exp1")
 ```
-A batch is stored once in Redis and announced to as many live dispatchers as can share
-it; they claim runs of its indices (see ``common/ledger.py``). Results are collected
-from the batch's done list (BLMPOP, many per call). While it waits, the producer also
-watches the dispatchers' leases: it recovers the work of a lapsed one (like any live
-dispatcher would), and says so when no dispatcher is alive at all.
+A batch is stored once in Redis and announced to as many live worker hosts as can share
+it; one dispatcher of each claims runs of its indices (see ``common/ledger.py``).
+Results are collected from the batch's done list (BLMPOP, many per call). While it
+waits, the producer also watches the dispatchers' leases: it recovers the work of a
+lapsed one (like any live dispatcher would), and says so when no dispatcher is alive.
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ POLL_BLOCK_S = 1.0
 # No result for this long while dispatchers live: announce the batch again if it still
 # has unclaimed work (an announcement lost, say, with a Redis that failed over).
 STALL_S = 10.0
-# While results are streaming in, wait this long after a read so the next one takes
-# several (one BLMPOP per result would be a Redis command per snippet).
-COLLECT_LINGER_S = 0.008
+# No lingering once this few results are missing: the end of a batch comes at once.
+LINGER_UNTIL_LEFT = 8
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
 NO_WORKER_MESSAGE = (
     "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
@@ -82,7 +81,7 @@ class CodePool:
         self.janitor = Janitor(
             self.conn, self.settings, name=f"producer:{socket.gethostname()}:{os.getpid()}"
         )
-        self._live: int | None = None  # live dispatchers, as the last submit saw them
+        self._live: int | None = None  # live hosts, as the last submit saw them
         self._watch_lock = threading.Lock()
         self._watched_at = -1e9
         self._watched: int | None = None
@@ -143,12 +142,12 @@ class CodePool:
     def _store_and_announce(
         self, batch_id: str, spec: bytes, n: int, run: str, reruns: int
     ) -> None:
-        """One round trip when the live dispatcher count is known (from the previous
+        """One round trip when the live host count is known (from the previous
         submit), two for a pool's first batch: that one also loads the script if the
         server lacks it, so a fresh Redis does not see the first batch announced twice
         (an announcement in a MULTI whose script was missing goes out regardless)."""
         settings = self.settings
-        store_keys = [self.keys.batch_state(batch_id), self.keys.leases()]
+        store_keys = [self.keys.batch_state(batch_id), self.keys.hosts()]
         store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
         if self._live is None:
             self._live = int(submit_script(self.conn, store_keys, store_args))
@@ -196,7 +195,7 @@ class CodePool:
         return True
 
     def watch(self) -> int | None:
-        """Live dispatchers now (at most one look at Redis a second for the whole pool);
+        """Live worker hosts now (at most one look at Redis a second for the whole pool);
         recovers lapsed ones on the way. None if Redis could not be asked."""
         with self._watch_lock:
             now = time.monotonic()
@@ -205,7 +204,9 @@ class CodePool:
             self._watched_at = now
             try:
                 reply = heartbeat_script(
-                    self.conn, [self.keys.leases()], ["", self.settings.lease_s, "0"]
+                    self.conn,
+                    [self.keys.leases(), self.keys.hosts()],
+                    ["", self.settings.lease_s, "0", ""],
                 )
             except redis.RedisError:
                 self.janitor.in_contact(False)
@@ -321,8 +322,14 @@ class Batch:
                 self._results[index] = result
                 progress_at = time.monotonic()
                 yield index, result
-            if entries and len(self._results) < self.size:
-                time.sleep(COLLECT_LINGER_S)
+            left = self.size - len(self._results)
+            if entries and left > LINGER_UNTIL_LEFT:
+                # While results stream in, the next read waits for several: each read
+                # costs Redis a round trip, and the worker hosts write in groups anyway.
+                # Never longer than the rest should take at the pace so far, so the end
+                # of a batch is not waited for.
+                pace_s = (time.monotonic() - self.submitted) / max(1, len(self._results))
+                time.sleep(min(pool.settings.collect_linger_s, left * pace_s))
         for index in range(self.size):
             if index not in self._results:
                 self._results[index] = infra(message)

@@ -52,7 +52,7 @@ class RemoteSandbox:
         *,
         run: str = "",
         linger_s: float = 0.001,
-        max_batch: int = 256,
+        max_batch: int = 1024,
         deadline_s: float | None = None,
         max_collectors: int = 64,
         markers: Mapping[str, str] = DEFAULT_MARKERS,

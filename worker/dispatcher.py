@@ -1,6 +1,8 @@
 """One dispatcher process of ``codepool worker``: an RQ worker that joins announced
 batches in process (no fork per job) and runs its claims on the host's shared executor,
-holding a lease (worker/lease.py) while it lives.
+holding a lease (worker/lease.py) while it lives. Its share of the executor's slots, and
+what it may borrow of its siblings', come from worker/host_window.py; it waits on the
+queue only in its host's turn (worker/listen_turn.py).
 
 Run by the worker host as ``python -m codepool.worker.dispatcher`` with its JSON config
 on stdin.
@@ -10,15 +12,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from redis.client import Pipeline
 from rq import Queue, SimpleWorker
 from rq.job import Job
+from rq.utils import now as now_utc
 from rq.worker import WorkerStatus
 
 from codepool.common.codec import MsgpackSerializer
@@ -29,14 +33,21 @@ from codepool.common.wire import JOB_FUNCTION
 from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.engine import linux
 from codepool.worker.engine.client import AttachedExecutor
+from codepool.worker.host_window import HostWindow
 from codepool.worker.job import BatchRunner, CodepoolJob
 from codepool.worker.lease import LeaseKeeper
+from codepool.worker.listen_turn import ListenTurn
 from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
 # RQ blocks in BLMOVE for worker_ttl - 15 s; the socket timeout must outlast that.
 WORKER_TTL_S = 35
+# A heartbeat RQ sends within this long of the last is not sent.
+HEARTBEAT_REPEAT_S = 10.0
+# In the worker host's private dir: the dispatchers' shared counts and listen turn.
+WINDOW_FILE = "window"
+TURN_FILE = "listen-turn"
 
 
 @dataclass
@@ -48,6 +59,8 @@ class DispatcherConfig:
     max_limits: dict[str, Any]
     slots: int = 2  # the host executor's concurrency
     dispatchers: int = 2  # dispatchers sharing it
+    slot: int = 0  # this dispatcher's place among them
+    host_dir: str = ""  # the host's private dir: its window counts and listen turn
     burst: bool = False
     log_level: str = "INFO"
     parent_pid: int = 0
@@ -61,11 +74,83 @@ class DispatcherConfig:
 
 
 class Dispatcher(SimpleWorker):
-    """An RQ SimpleWorker whose jobs can only be codepool batches."""
+    """An RQ SimpleWorker whose jobs can only be codepool batches, and which waits on
+    the queue only in its host's turn (worker/listen_turn.py)."""
 
     runner: BatchRunner | None = None
+    turn: ListenTurn | None = None
+    _beat_sent_at = -1e9  # monotonic time of the last heartbeat of RQ's default TTL
+    _state_unsent = False  # the state changed to IDLE and Redis has not been told yet
+
+    # Redis CPU goes by round trips rather than commands. RQ sends the three commands
+    # of a worker heartbeat one round trip each, three times a job within milliseconds
+    # (after the job, and twice around the next dequeue), and sets IDLE at the end of a
+    # job and again before its next dequeue. Here a heartbeat is one pipeline that also
+    # says the worker's state, none goes within HEARTBEAT_REPEAT_S of the last (the
+    # worker's key lives worker_ttl + 60 s; RQ beats every worker_ttl - 15 s while it
+    # waits) unless a state is to be told, a state that did not change is not sent
+    # again, and IDLE rides with the next heartbeat (RQ's suspension check, which pipes
+    # one, comes next in its loop): twelve round trips a job less; Redis holds the same.
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            self._say_state(pipeline)
+            return
+        now = time.monotonic()
+        if timeout is None:
+            if now - self._beat_sent_at < HEARTBEAT_REPEAT_S and not self._state_unsent:
+                return
+            self._beat_sent_at = now
+        with self.connection.pipeline(transaction=False) as own:
+            super().heartbeat(timeout, pipeline=own)
+            self._say_state(own)
+            own.execute()
+
+    def _say_state(self, pipeline: Pipeline) -> None:
+        # Always: a key that expired is made anew by the heartbeat, with the state in it.
+        pipeline.hset(self.key, "state", self._state)
+        self._state_unsent = False
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        # RQ heartbeats the job here to keep it alive through its success or failure
+        # callback; codepool jobs have none (CodepoolJob), so the round trip goes.
+        job.ended_at = now_utc()
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        if self.turn is None:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        self.turn.take(keepalive=self.heartbeat, every_s=WORKER_TTL_S - 15)
+        try:
+            result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        except BaseException:
+            self.turn.give_back()
+            raise
+        if result is None:
+            self.turn.give_back()
+        # With a job, the turn passes on once its first snippets have started
+        # (execute_job): the sibling's wake-up then does not compete with them.
+        return result
+
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
+        if pipeline is None:
+            if state == self._state:
+                return
+            if state == WorkerStatus.IDLE:
+                self._state, self._state_unsent = state, True
+                return
+        super().set_state(state, pipeline=pipeline)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        try:
+            self._start_job(job)
+        finally:
+            if self.turn is not None:
+                self.turn.give_back()
+        super().execute_job(job, queue)
+
+    def _start_job(self, job: Job) -> None:
         if job.func_name != JOB_FUNCTION:
             log.error(
                 "refusing job %s: it names %r, not codepool's job function", job.id, job.func_name
@@ -77,10 +162,13 @@ class Dispatcher(SimpleWorker):
             # the job's finish, and the clean exit then gave the lease up with the claimed
             # indices never run nor given back (the batch waited for its deadline). Busy,
             # the SIGTERM waits for the job, whose finish gives back what it claimed.
-            self.set_state(WorkerStatus.BUSY)
-            # Snippets start now and run while RQ does its per-job bookkeeping.
-            job.execution = self.runner.prestart(job)
-        super().execute_job(job, queue)
+            # Redis learns it with the first claim, in one round trip.
+            with self.connection.pipeline(transaction=False) as first:
+                self.set_state(WorkerStatus.BUSY, pipeline=first)
+                # Snippets start now and run while RQ does its per-job bookkeeping.
+                job.execution = self.runner.prestart(job, pipeline=first)
+                if len(first):  # no claim was made: the state goes on its own
+                    first.execute()
 
 
 def main(argv: list[str]) -> int:
@@ -107,6 +195,12 @@ def main(argv: list[str]) -> int:
         minute_ttl_s=settings.minute_stats_ttl_s,
         batch_ttl_s=settings.batch_ttl_s,
     )
+    window = HostWindow(
+        os.path.join(config.host_dir, WINDOW_FILE),
+        slot=config.slot,
+        slots=config.slots,
+        dispatchers=config.dispatchers,
+    )
     queue = Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
     worker = Dispatcher(
         [queue],
@@ -117,12 +211,19 @@ def main(argv: list[str]) -> int:
         worker_ttl=WORKER_TTL_S,
         log_job_description=False,
     )
+    worker.turn = ListenTurn(os.path.join(config.host_dir, TURN_FILE))
     # A fenced dispatcher stops as on SIGTERM (in-flight snippets end, nothing more is
     # written) and the worker host starts a fresh one in its place.
     lease = LeaseKeeper(
-        conn, settings, owner=config.name, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM)
+        conn,
+        settings,
+        owner=config.name,
+        host=config.host,
+        on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
     )
-    writer = ResultWriter(conn, settings.keys, stats, settings.batch_ttl_s, lease)
+    writer = ResultWriter(
+        conn, settings.keys, stats, settings.batch_ttl_s, lease, write_gap_s=settings.write_gap_s
+    )
     worker.runner = BatchRunner(
         executor=executor,
         conn=conn,
@@ -132,7 +233,7 @@ def main(argv: list[str]) -> int:
         stop_requested=lambda: bool(worker._stop_requested),
         writer=writer,
         lease=lease,
-        window=math.ceil(config.slots / max(1, config.dispatchers)) + 1,
+        window=window,
     )
     lease.start()
     stats.start()
@@ -145,6 +246,8 @@ def main(argv: list[str]) -> int:
         stats.stop()
         lease.stop()
         executor.close()
+        worker.turn.close()
+        window.close()
     return 0
 
 

@@ -2,12 +2,13 @@
 
 The host process owns the LocalExecutor (the zygote and its N slots) and starts K
 dispatchers, each an RQ SimpleWorker on the queue that attaches to the zygote's socket.
-A batch holding a straggler therefore keeps one slot, not the host: the other
-dispatchers go on taking work. Signals: the first SIGTERM/SIGINT asks dispatchers to
-finish their in-flight snippets (what they claimed and never started is given back) and
-exit; the second kills them at once. Dispatchers that die, or stop because their lease
-was taken away, are restarted with fresh names, so a kill -9 never leaves a stale name to
-crash-loop on.
+A batch is announced to the host once: the dispatcher that joins it may use every slot
+its siblings leave free (worker/host_window.py). A batch holding a straggler therefore
+keeps one slot, not the host: the other dispatchers go on taking work. Signals: the
+first SIGTERM/SIGINT asks dispatchers to finish their in-flight snippets (what they
+claimed and never started is given back) and exit; the second kills them at once.
+Dispatchers that die, or stop because their lease was taken away, are restarted with
+fresh names, so a kill -9 never leaves a stale name to crash-loop on.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import redis
 from codepool.common.connection import redis_client
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
-from codepool.worker.dispatcher import DispatcherConfig
+from codepool.worker import host_window
+from codepool.worker.dispatcher import WINDOW_FILE, DispatcherConfig
 from codepool.worker.engine import leftovers
 from codepool.worker.engine.executor import LocalExecutor
 from codepool.worker.engine.reaping import wait_or_kill
@@ -37,6 +39,7 @@ from codepool.worker.engine.reaping import wait_or_kill
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 5.0
+FORGET_HOSTS_AFTER_S = 3600.0
 HOST_DIR_PREFIX = "codepool-worker-"
 QUICK_EXIT_S = 10.0
 STOP_GRACE_S = 600.0
@@ -71,6 +74,7 @@ class WorkerHost:
         # 0700, named by our pid; a host killed -9 leaves its dir for the next to sweep.
         leftovers.sweep(HOST_DIR_PREFIX, b"worker")
         self._dir = leftovers.make_dir(HOST_DIR_PREFIX)
+        self._window_path = os.path.join(self._dir, WINDOW_FILE)
         self.executor: LocalExecutor | None = None
         self.conn: redis.Redis = redis_client(settings)
 
@@ -95,6 +99,7 @@ class WorkerHost:
                 self.dispatcher_count,
                 self.settings.queue,
             )
+            host_window.create(self._window_path, self.dispatcher_count)
             for slot in range(self.dispatcher_count):
                 self._start_dispatcher(slot)
             self._supervise()
@@ -132,6 +137,8 @@ class WorkerHost:
             max_limits=self.options.max_limits.to_dict(),
             slots=self.options.concurrency,
             dispatchers=self.dispatcher_count,
+            slot=slot,
+            host_dir=self._dir,
             burst=self.options.burst,
             log_level=self.options.log_level,
         )
@@ -158,6 +165,8 @@ class WorkerHost:
                 if code is None:
                     continue
                 del self.dispatchers[slot]
+                # What it had in the executor is not the host's to count any more.
+                host_window.clear(self._window_path, slot)
                 if self.signals or self.options.burst:
                     continue
                 # One that dies young (Redis down, say) waits longer each time.
@@ -190,6 +199,9 @@ class WorkerHost:
         try:
             with self.conn.pipeline(transaction=False) as pipe:
                 pipe.zadd(keys.workers(), {self.name: now})
+                # Hosts killed and never back (the scores are Redis server time; an
+                # hour is far beyond any clock skew).
+                pipe.zremrangebyscore(keys.hosts(), "-inf", now - FORGET_HOSTS_AFTER_S)
                 pipe.hset(
                     keys.worker_stats(self.name),
                     mapping={
@@ -204,8 +216,12 @@ class WorkerHost:
             log.warning("worker %s: heartbeat failed: %s", self.name, exc)
 
     def _forget(self) -> None:
+        keys = self.settings.keys
         try:
-            self.conn.zrem(self.settings.keys.workers(), self.name)
+            with self.conn.pipeline(transaction=False) as pipe:
+                pipe.zrem(keys.workers(), self.name)
+                pipe.zrem(keys.hosts(), self.name)
+                pipe.execute()
         except redis.RedisError:
             pass
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from rq.job import Job
 
 from codepool.common import codec
@@ -39,6 +41,7 @@ from codepool.common.wire import (
 )
 from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.engine.client import SupervisorClient
+from codepool.worker.host_window import HostWindow
 from codepool.worker.lease import LeaseKeeper
 from codepool.worker.writer import ResultWriter
 
@@ -93,8 +96,8 @@ class CodepoolJob(Job):
 class BatchRunner:
     """Runs announced batches for one dispatcher: claims in, Redis results and stats out.
 
-    window: snippets this dispatcher keeps in the host's executor at once (its share of
-        the slots plus one waiting, so a freed slot never waits for a claim).
+    window: this dispatcher's view of the host's slots: how many snippets it may keep
+        in the executor at once (its share, plus what its siblings leave free).
     """
 
     def __init__(
@@ -108,7 +111,7 @@ class BatchRunner:
         stop_requested: Callable[[], bool],
         writer: ResultWriter,
         lease: LeaseKeeper,
-        window: int,
+        window: HostWindow,
     ) -> None:
         self.executor = executor
         self.conn = conn
@@ -119,17 +122,18 @@ class BatchRunner:
         self.stop_requested = stop_requested
         self.writer = writer
         self.lease = lease
-        self.window = max(1, window)
+        self.window = window
         self.queue = batch_queue(conn, settings)
 
-    def prestart(self, job: Job) -> BatchExecution | None:
+    def prestart(self, job: Job, *, pipeline: Pipeline | None = None) -> BatchExecution | None:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
-        so the two overlap. None if the announcement is bad (run() reports it)."""
+        so the two overlap; the first claim goes with what ``pipeline`` holds. None if
+        the announcement is bad (run() reports it)."""
         try:
             execution = BatchExecution(self, job, job.args[0] if job.args else None)
         except (WireError, IndexError):
             return None
-        execution.fill()
+        execution.fill(pipeline=pipeline)
         return execution
 
     def run(self, job: Job, payload: Any) -> dict[str, Any]:
@@ -146,16 +150,6 @@ class BatchRunner:
                 return {"batch": batch_id, "rejected": "whole batch"}
         return execution.finish()
 
-    def expire_batch(self, batch_id: str) -> None:
-        """(Re)set the TTL of what this dispatcher wrote of a batch, after its last
-        write: the producer may have drained the done list, which a later push makes
-        anew without a TTL."""
-        ttl_s = self.settings.batch_ttl_s
-        with self.conn.pipeline(transaction=False) as pipe:
-            pipe.expire(self.keys.batch_results(batch_id), ttl_s)
-            pipe.expire(self.keys.batch_done(batch_id), ttl_s)
-            pipe.execute()
-
     def reject_batch(self, batch_id: str, message: str) -> None:
         """Tell the producer at once that none of this batch will run."""
         done_key = self.keys.batch_done(batch_id)
@@ -169,9 +163,11 @@ class BatchRunner:
 
 
 class BatchExecution:
-    """This dispatcher's part in one batch. Claims indices while it has room in its
-    window; each result is written by the dispatcher's ResultWriter the moment it
-    exists, and this job thread only claims and refills."""
+    """This dispatcher's part in one batch. Claims indices while the host's window has
+    room for it; each result goes to the dispatcher's ResultWriter the moment it exists,
+    and this job thread only claims and refills. A snippet holds its place in the window
+    until the writer takes its result, and the job ends once everything it started is
+    written."""
 
     def __init__(self, runner: BatchRunner, job: Job, payload: Any) -> None:
         self.runner = runner
@@ -180,22 +176,36 @@ class BatchExecution:
         self.batch: BatchJob | None = None  # read with the first claim
         self.run = ""
         self.limits = Limits()
-        self.window = runner.window
         self.todo: list[int] = []  # claimed, not started; pop() gives input order
         self.drained = False  # nothing left to claim (or the batch is unusable)
         self.lost = False  # our lease was taken away: claim nothing more
         self.oversize = False
-        self.in_flight = 0  # submitted and not yet written (job thread's count)
+        self.unwritten = 0  # started and not yet written (job thread's count)
         self.ran = 0
+        # Started and not yet taken by the writer: the job thread adds, the writer takes.
+        self._running = 0
+        self._running_lock = threading.Lock()
+        # Written counts (0 only wakes the job thread: the writer took results).
         self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
-        self._ttl_set = False  # the writer thread's flag
+        self._nudged = False  # told the writer this execution expects no more
+        self._first_claim_with: Pipeline | None = None
 
     # -- called by the writer thread ------------------------------------------------
 
-    def first_write(self) -> bool:
-        """True once: the write that sets the results hash's TTL."""
-        first, self._ttl_set = not self._ttl_set, True
-        return first
+    def expecting(self) -> bool:
+        """More results may come soon: snippets are started and not yet taken by the
+        writer (running, waiting for a slot, or on the way), or the job thread will
+        start more (it has claimed ones, or may claim some)."""
+        if self._running > 0:
+            return True
+        return bool(self.todo or not self.drained) and not self._stopping()
+
+    def taken(self, count: int) -> None:
+        """The writer holds ``count`` more results: their places in the window are free."""
+        with self._running_lock:
+            self._running -= count
+            self.runner.window.publish(self._running)
+        self._notes.put(0)
 
     def written(self, count: int) -> None:
         self._notes.put(count)
@@ -211,23 +221,32 @@ class BatchExecution:
     def _claim(self, room: int) -> None:
         runner, keys = self.runner, self.runner.keys
         first = self.batch is None
-        reply = claim_script(
-            runner.conn,
-            [
-                keys.batch_state(self.batch_id),
-                keys.batch_retry(self.batch_id),
-                keys.leases(),
-                keys.owner_batches(runner.lease.owner),
-            ],
-            [
-                runner.lease.owner,
-                self.batch_id,
-                room,
-                MAX_CLAIM,
-                runner.lease.live,
-                "1" if first else "0",
-            ],
-        )
+        claim_keys = [
+            keys.batch_state(self.batch_id),
+            keys.batch_retry(self.batch_id),
+            keys.leases(),
+            keys.owner_batches(runner.lease.owner),
+            keys.hosts(),
+        ]
+        args = [
+            runner.lease.owner,
+            self.batch_id,
+            room,
+            MAX_CLAIM,
+            runner.settings.lease_s,
+            "1" if first else "0",
+        ]
+        pipeline, self._first_claim_with = self._first_claim_with, None
+        if pipeline is None:
+            reply = claim_script(runner.conn, claim_keys, args)
+        else:
+            claim_script.queue(pipeline, claim_keys, args)
+            try:
+                reply = pipeline.execute()[-1]
+            except redis.exceptions.NoScriptError:
+                # What came before the claim went through; the claim is made again.
+                claim_script.load(runner.conn)
+                reply = claim_script(runner.conn, claim_keys, args)
         status = reply[0]
         if status == -2:
             self.lost = self.drained = True
@@ -249,6 +268,8 @@ class BatchExecution:
             self.drained = True
             return
         self.todo = parse_indices(reply[1].decode())[::-1]
+        # The batch's last claim: no claim round trip to learn that nothing is left.
+        self.drained = int(reply[3]) == 1
 
     def _read_batch(self, spec: Any) -> bool:
         runner = self.runner
@@ -271,21 +292,36 @@ class BatchExecution:
         )
         return True
 
-    def fill(self) -> None:
+    def fill(self, *, pipeline: Pipeline | None = None) -> None:
+        """Start what there is room for, claiming as needed (the first claim in
+        ``pipeline``, with what it holds)."""
+        self._first_claim_with = pipeline
+        self._refill()
+        self._first_claim_with = None
+        if not self._nudged and not self.expecting():
+            # The writer may hold results of ours waiting for company that will not come.
+            self._nudged = True
+            self.runner.writer.nudge()
+
+    def _refill(self) -> None:
         while not self._stopping():
+            room = self.runner.window.room(self._running)
             if not self.todo:
-                if self.drained or self.in_flight >= self.window:
+                if self.drained or room <= 0:
                     return
-                self._claim(self.window - self.in_flight)
+                self._claim(room)
                 continue
-            if self.in_flight >= self.window:
+            if room <= 0:
                 return
             self._start(self.todo.pop())
 
     def _start(self, index: int) -> None:
         runner, batch = self.runner, self.batch
         assert batch is not None
-        self.in_flight += 1
+        self.unwritten += 1
+        with self._running_lock:
+            self._running += 1
+            runner.window.publish(self._running)
         code = batch.codes[index]
         if self.oversize:
             message = (
@@ -319,7 +355,7 @@ class BatchExecution:
         last_beat = time.monotonic()
         while True:
             self.fill()
-            if not self.in_flight:
+            if not self.unwritten:
                 break
             try:
                 note = self._notes.get(timeout=HEARTBEAT_EVERY_S)
@@ -327,7 +363,7 @@ class BatchExecution:
                 note = 0
             if isinstance(note, BaseException):
                 raise note
-            self.in_flight -= note
+            self.unwritten -= note
             self.ran += note
             if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
@@ -349,6 +385,4 @@ class BatchExecution:
                     self.batch_id,
                 )
             runner.stats.batch_done(self.batch_id, self.run)
-        if self.ran:
-            runner.expire_batch(self.batch_id)
         return {"batch": self.batch_id, "ran": self.ran}

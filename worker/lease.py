@@ -27,7 +27,9 @@ TRUST_MARGIN_S = 1.5
 
 
 class LeaseKeeper:
-    """Heartbeats for ``owner``; ``on_lost`` runs once if the lease was taken away."""
+    """Heartbeats for ``owner`` (a dispatcher of worker host ``host``, whose score in
+    the live hosts each beat renews too); ``on_lost`` runs once if the lease was taken
+    away."""
 
     def __init__(
         self,
@@ -35,14 +37,16 @@ class LeaseKeeper:
         settings: Settings,
         *,
         owner: str,
+        host: str,
         on_lost: Callable[[], None],
     ) -> None:
         self.conn = conn
         self.settings = settings
         self.owner = owner
+        self.host = host
         self.on_lost = on_lost
         self.janitor = Janitor(conn, settings, name=owner)
-        self.live = 1  # live dispatchers in the fleet, from the last heartbeat
+        self.live = 1  # live hosts in the fleet, from the last heartbeat
         self.lost = threading.Event()
         self._renewed = threading.Condition()
         self._last_ok = 0.0  # monotonic time of the last answered heartbeat
@@ -102,10 +106,11 @@ class LeaseKeeper:
                 self.janitor.sweep(lapsed, self.live)
 
     def _beat(self, *, first: bool) -> list[str]:
+        keys = self.settings.keys
         reply = heartbeat_script(
             self.conn,
-            [self.settings.keys.leases()],
-            [self.owner, self.settings.lease_s, "1" if first else "0"],
+            [keys.leases(), keys.hosts()],
+            [self.owner, self.settings.lease_s, "1" if first else "0", self.host],
         )
         if int(reply[0]) < 0:
             log.warning(

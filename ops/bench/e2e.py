@@ -5,7 +5,7 @@ One run starts its own redis-server and worker, drives them through the producer
 in-process, so the ratios come from the same machine in the same minute. This is a report,
 not a test: it exits 0 whatever the numbers say, and non-zero only when something crashed.
 
-    python ops/bench/e2e.py [--scale 1.0] [--skip-reference]
+    python ops/bench/e2e.py [--scale 1.0] [--skip-reference] [--commands]
     python -m codepool.ops.bench.e2e
 """
 
@@ -54,6 +54,8 @@ WORKER_STOP_GRACE_S = 30.0
 # Dispatchers flush their stats counters up to 1 s after a batch; reading INFO sooner
 # would charge those commands to the next workload.
 STATS_SETTLE_S = 1.2
+# How long the bare server is watched for its idle CPU rate before the worker starts.
+FLOOR_S = 5.0
 LONE_PAUSE_S = 0.02
 # Bounds a hang on a broken worker to a minute instead of the sandbox's timeout + 300 s.
 SANDBOX_DEADLINE_S = 60.0
@@ -92,8 +94,10 @@ class SandboxRunner:
 class Row:
     measurement: Measurement
     redis_cmds: int | None = None  # commands Redis served during the workload (e2e only)
-    redis_cpu_s: float | None = None  # CPU Redis spent meanwhile (INFO cpu; e2e only)
+    redis_cpu_s: float | None = None  # CPU Redis spent meanwhile, less its idle floor
     seen: Sequence[ExecResult] = ()  # e2e only: the results, for the time breakdown
+    redis_raw_cpu_s: float | None = None  # the same with the idle floor (INFO cpu delta)
+    per_command: dict[str, tuple[int, int]] | None = None  # e2e only: calls, usec
 
 
 def build_workloads(scale: float) -> list[Workload]:
@@ -141,26 +145,63 @@ def redis_cpu_s(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def redis_calls(client: redis.Redis) -> int:
-    """Commands the server has executed since start, all kinds, including this INFO."""
+def redis_calls(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Per command: calls and usec the server has spent in it since start, this INFO
+    not included (the server counts it after answering). Commands a Lua script sends
+    count as calls of their own, and their time is in the script's usec too."""
     stats = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_"))
+    return {
+        k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for k, v in stats.items()
+        if k.startswith("cmdstat_")
+    }
 
 
-def measure_e2e(runner: SandboxRunner, client: redis.Redis, workload: Workload) -> Row:
+def calls_between(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> dict[str, tuple[int, int]]:
+    """Per command: calls and usec from ``before`` to ``after``, nonzero ones only."""
+    delta = {}
+    for name, (calls, usec) in after.items():
+        calls_before, usec_before = before.get(name, (0, 0))
+        if calls > calls_before:
+            delta[name] = (calls - calls_before, usec - usec_before)
+    return delta
+
+
+def idle_server_cpu_rate(client: redis.Redis, seconds: float = FLOOR_S) -> float:
+    """CPU seconds per second an idle server spends on its own (its cron runs ``hz``
+    times a second whether or not anyone uses it), measured before any worker connects."""
+    started, cpu_before = time.monotonic(), redis_cpu_s(client)
+    time.sleep(seconds)
+    return (redis_cpu_s(client) - cpu_before) / (time.monotonic() - started)
+
+
+def measure_e2e(
+    runner: SandboxRunner, client: redis.Redis, workload: Workload, floor_rate: float
+) -> Row:
     runner.seen = []
-    cpu_before = redis_cpu_s(client)
+    # The bench's own INFO calls stay outside the CPU window: commandstats before the
+    # first CPU reading, and after the last.
     before = redis_calls(client)
+    cpu_before, started = redis_cpu_s(client), time.monotonic()
     if workload.sequential:
         m = measure_lone(lambda code: runner.run(code, timeout_s=workload.timeout_s), workload)
     else:
         m = measure(runner, workload, E2E)
     time.sleep(STATS_SETTLE_S)
-    # Minus one for the "before" INFO, which the server counts after answering it.
-    # What remains includes the worker's idle background (heartbeats, RQ's own loops):
-    # a real cost of the system, charged to the snippets that ran meanwhile.
-    cmds = redis_calls(client) - before - 1
-    return Row(m, cmds, redis_cpu_s(client) - cpu_before, runner.seen)
+    cpu_s = redis_cpu_s(client) - cpu_before
+    # What the idle server would have spent anyway is not the snippets' cost; what the
+    # worker's idle background (heartbeats, RQ's own loops) costs is: a real cost of the
+    # system, charged to the snippets that ran meanwhile.
+    floor_s = floor_rate * (time.monotonic() - started)
+    per_command = calls_between(before, redis_calls(client))
+    # Minus the "before" commandstats INFO and the two INFO cpu calls.
+    calls, usec = per_command.pop("info", (0, 0))
+    if calls > 3:
+        per_command["info"] = (calls - 3, usec)
+    cmds = sum(calls for calls, _ in per_command.values())
+    return Row(m, cmds, cpu_s - floor_s, runner.seen, cpu_s, per_command)
 
 
 @contextmanager
@@ -273,6 +314,12 @@ def open_e2e() -> Iterator[Callable[[Workload], Row]]:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         client = redis.Redis.from_url(server.url)
         stack.callback(client.close)
+        floor_rate = idle_server_cpu_rate(client)
+        print(
+            f"idle redis-server (no worker yet): {floor_rate * 1e6:.0f} us CPU per second, "
+            "subtracted from every e2e row's Redis CPU",
+            file=sys.stderr,
+        )
         # Entered after Redis, so it exits before: the worker stops while Redis is still
         # there for it to finish in-flight snippets and deregister.
         process = stack.enter_context(worker_process(server.url, workdir))
@@ -282,7 +329,7 @@ def open_e2e() -> Iterator[Callable[[Workload], Row]]:
         workers_key = Settings.from_env(redis_url=server.url).keys.workers()
         ready_s = wait_ready(process, client, workers_key, runner)
         print(f"worker ready (heartbeat + warm-up) after {ready_s:.1f} s", file=sys.stderr)
-        yield lambda w: measure_e2e(runner, client, w)
+        yield lambda w: measure_e2e(runner, client, w, floor_rate)
 
 
 # Every round's row, per side and workload.
@@ -341,7 +388,8 @@ def print_table(workloads: Sequence[Workload], results: Results) -> None:
         "reference p50 / e2e p50. p50/p95: ExecResult.latency (submit to result, as the\n"
         "caller sees it); for 'lone', wall time around each call (pauses excluded from wall\n"
         "s too). redis us/snip: Redis CPU (INFO cpu, user + sys) per snippet, the worker's\n"
-        "idle background included."
+        "idle background included, less what the idle server spends on its own meanwhile\n"
+        "(measured before the worker starts); the bench's own INFO calls are left out."
     )
 
 
@@ -368,14 +416,15 @@ def print_targets(workloads: Sequence[Workload], results: Results) -> None:
         n = sum(row.measurement.n for row in rows)
         cmds = sum(row.redis_cmds or 0 for row in rows) / n
         cpu_us = sum(row.redis_cpu_s or 0.0 for row in rows) / n * 1e6
+        raw_us = sum(row.redis_raw_cpu_s or 0.0 for row in rows) / n * 1e6
         verdict = "PASS" if cmds <= REDIS_CMDS_PER_SNIPPET_TARGET else "FAIL"
         print(f"  {verdict}  redis cmds/snippet <= {REDIS_CMDS_PER_SNIPPET_TARGET:g} over {over}: "
               f"{cmds:.2f}")  # fmt: skip
         verdict = "PASS" if cpu_us <= REDIS_CPU_US_PER_SNIPPET_TARGET else "FAIL"
         print(
             f"  {verdict}  redis CPU/snippet <= {REDIS_CPU_US_PER_SNIPPET_TARGET:g} us over "
-            f"{over}: {cpu_us:.1f} us, so one Redis core serves about "
-            f"{1e6 / cpu_us if cpu_us else math.inf:,.0f} snippets/s"
+            f"{over}: {cpu_us:.1f} us ({raw_us:.1f} us with the idle server's own), so one "
+            f"Redis core serves about {1e6 / cpu_us if cpu_us else math.inf:,.0f} snippets/s"
         )
     else:
         print(f"  SKIP  redis cost per snippet over {over}")
@@ -411,6 +460,29 @@ def print_breakdown(workloads: Sequence[Workload], rounds: dict[str, list[Row]])
         )
 
 
+def print_commands(workloads: Sequence[Workload], rounds: dict[str, list[Row]]) -> None:
+    """Per e2e workload, what Redis ran per snippet, summed over the rounds: calls and the
+    usec Redis timed in each command (a script's usec includes the commands it sent)."""
+    print("\nredis commands per snippet (all rounds; usec as INFO commandstats times them)")
+    for w in workloads:
+        rows = rounds.get(w.name, [])
+        n = sum(row.measurement.n for row in rows)
+        totals: dict[str, list[int]] = {}
+        for row in rows:
+            for name, (calls, usec) in (row.per_command or {}).items():
+                total = totals.setdefault(name, [0, 0])
+                total[0] += calls
+                total[1] += usec
+        if not n or not totals:
+            continue
+        print(f"  {w.name}: {'command':<16}{'calls/snip':>11}{'usec/snip':>11}{'usec/call':>11}")
+        for name, (calls, usec) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+            print(
+                f"  {'':<{len(w.name) + 2}}{name:<16}{calls / n:>11.3f}{usec / n:>11.2f}"
+                f"{usec / calls:>11.2f}"
+            )
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -420,6 +492,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--skip-reference", action="store_true", help="codepool only: no ratios, a much shorter run"
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per workload (default 3)")
+    parser.add_argument(
+        "--commands", action="store_true", help="also print Redis commands per snippet by command"
+    )
     args = parser.parse_args(argv)
     if args.scale <= 0 or args.rounds < 1:
         parser.error("--scale must be > 0 and --rounds >= 1")
@@ -469,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print_table(workloads, results)
         print_breakdown(workloads, results.get(E2E, {}))
+        if args.commands:
+            print_commands(workloads, results.get(E2E, {}))
         print_targets(workloads, results)
     if crashed:
         print(f"\ncrashed: {', '.join(crashed)}")

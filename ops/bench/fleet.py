@@ -93,8 +93,10 @@ class Bench:
         )
 
     def wait_live(self, index: int) -> None:
+        """Until host ``index`` has two dispatchers with a lease and one of them waits on
+        the queue (one per host does, so each host takes one of a batch's announcements)."""
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while self._live(index) < 2:
+        while self._live(index) < 2 or not self._listening(index):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"host h{index} did not come up; see {self.logs}/h{index}.log")
             time.sleep(0.05)
@@ -103,6 +105,11 @@ class Bench:
         now = float(self.conn.time()[0])
         members = cast(list[bytes], self.conn.zrangebyscore(self.keys.leases(), now - 5, "+inf"))
         return sum(m.decode().startswith(f"h{index}.") for m in members)
+
+    def _listening(self, index: int) -> bool:
+        addr = f"10.250.{index}.2:"
+        clients = self.conn.client_list()
+        return any(c["cmd"] == "blmove" and c["addr"].startswith(addr) for c in clients)
 
     def counted(self) -> int:
         return counters.parse(self.conn.hgetall(self.keys.stats())).get("calls", 0)

@@ -33,14 +33,14 @@ def _store(conn: redis.Redis, settings: Settings, n: int, reruns: int = 2) -> st
     keys = settings.keys
     submit_script(
         conn,
-        [keys.batch_state(batch_id), keys.leases()],
+        [keys.batch_state(batch_id), keys.hosts()],
         [spec, n, "r", reruns, settings.batch_ttl_s, settings.lease_s],
     )
     return batch_id
 
 
 def _claim(
-    conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int, live: int
+    conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int
 ) -> list[int] | None:
     keys = settings.keys
     reply = claim_script(
@@ -50,44 +50,48 @@ def _claim(
             keys.batch_retry(batch_id),
             keys.leases(),
             keys.owner_batches(owner),
+            keys.hosts(),
         ],
-        [owner, batch_id, room, 64, live, "1"],
+        [owner, batch_id, room, 64, settings.lease_s, "1"],
     )
     if reply[0] == -2:
         return None
     return parse_indices(reply[1].decode()) if reply[1] else []
 
 
-def _beat(conn: redis.Redis, settings: Settings, owner: str) -> list[int | list[bytes]]:
-    return list(heartbeat_script(conn, [settings.keys.leases()], [owner, settings.lease_s, "1"]))
+def _beat(
+    conn: redis.Redis, settings: Settings, owner: str, host: str = "h"
+) -> list[int | list[bytes]]:
+    keys = [settings.keys.leases(), settings.keys.hosts()]
+    return list(heartbeat_script(conn, keys, [owner, settings.lease_s, "1", host]))
 
 
 def _write(conn: redis.Redis, settings: Settings, batch_id: str, index: int) -> int:
     blob = codec.encode_result(ExecResult(True, f"{index}\n", "", 0, False, 0.01))
     keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
     entry = codec.encode_done_entry(index, blob)
-    return int(write_script(conn, keys, [index, blob, entry])[0])
+    return int(write_script(conn, keys, [settings.batch_ttl_s, index, blob, entry])[0])
 
 
 def test_claims_cover_every_index_once_and_shrink_as_the_batch_drains(redis_url: str) -> None:
     conn = redis.Redis.from_url(redis_url)
     settings = _settings(redis_url)
     for owner in ("a", "b", "c"):
-        _beat(conn, settings, owner)
+        _beat(conn, settings, owner, host=owner)
     batch_id = _store(conn, settings, 100)
     sizes, seen = [], []
     while True:
-        got = _claim(conn, settings, batch_id, "abc"[len(sizes) % 3], room=1, live=3)
+        got = _claim(conn, settings, batch_id, "abc"[len(sizes) % 3], room=1)
         assert got is not None
         if not got:
             break
         sizes.append(len(got))
         seen += got
     assert sorted(seen) == list(range(100))
-    assert sizes[0] == 17 and sizes[-1] == 1  # ceil(100 / 6), down to one at the end
+    assert sizes[0] == 20 and sizes[-1] == 1  # ceil(100 / (2 * 3 - 1)), down to one
     assert sizes == sorted(sizes, reverse=True)
     # A dispatcher without a lease claims nothing.
-    assert _claim(conn, settings, _store(conn, settings, 3), "stranger", 1, 1) is None
+    assert _claim(conn, settings, _store(conn, settings, 3), "stranger", 1) is None
 
 
 def test_a_lapsed_dispatchers_unfinished_work_is_released_once(redis_url: str) -> None:
@@ -96,7 +100,7 @@ def test_a_lapsed_dispatchers_unfinished_work_is_released_once(redis_url: str) -
     _beat(conn, settings, "dead")
     _beat(conn, settings, "alive")
     batch_id = _store(conn, settings, 10)
-    claimed = _claim(conn, settings, batch_id, "dead", room=10, live=1)
+    claimed = _claim(conn, settings, batch_id, "dead", room=10)
     assert claimed == list(range(10))
     for index in (0, 1, 2):
         assert _write(conn, settings, batch_id, index) == 1
@@ -108,11 +112,12 @@ def test_a_lapsed_dispatchers_unfinished_work_is_released_once(redis_url: str) -
     assert janitor.sweep([b"dead"], live=1) == 7  # type: ignore[list-item]
     assert janitor.sweep([b"dead"], live=1) == 0  # type: ignore[list-item]
     # Released indices are claimed before anything else, by a live dispatcher.
-    again = _claim(conn, settings, batch_id, "alive", room=10, live=1)
+    again = _claim(conn, settings, batch_id, "alive", room=10)
     assert again == [3, 4, 5, 6, 7, 8, 9]
     # The fenced dispatcher learns it at its next heartbeat and may claim nothing.
-    assert heartbeat_script(conn, [settings.keys.leases()], ["dead", 5.0, "0"])[0] == -1
-    assert _claim(conn, settings, batch_id, "dead", 1, 1) is None
+    keys = [settings.keys.leases(), settings.keys.hosts()]
+    assert heartbeat_script(conn, keys, ["dead", 5.0, "0", "h"])[0] == -1
+    assert _claim(conn, settings, batch_id, "dead", 1) is None
     # The three it finished were counted by the janitor, once.
     assert counters.parse(conn.hgetall(settings.keys.stats()))["calls"] == 3
     # A late write for an index already written is dropped.
@@ -127,7 +132,7 @@ def test_a_snippet_lost_too_often_comes_back_infra(redis_url: str) -> None:
     for attempt in range(2):
         owner = f"host{attempt}"
         _beat(conn, settings, owner)
-        assert _claim(conn, settings, batch_id, owner, 1, 1) == [0]
+        assert _claim(conn, settings, batch_id, owner, 1) == [0]
         conn.zadd(settings.keys.leases(), {owner: 1.0})
         Janitor(conn, settings, name="j").sweep([owner.encode()], live=1)  # type: ignore[list-item]
     entries = conn.lrange(settings.keys.batch_done(batch_id), 0, -1)
@@ -202,7 +207,7 @@ def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
     keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
 
     def args(indices: list[int], text: str) -> list[object]:
-        out: list[object] = []
+        out: list[object] = [settings.batch_ttl_s]
         for index in indices:
             blob = codec.encode_result(ExecResult(True, text, "", 0, False, 0.01))
             out += [index, blob, codec.encode_done_entry(index, blob)]
@@ -218,3 +223,40 @@ def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
         (3, "second"),
     ]
     assert codec.decode_result(conn.hget(keys[0], "2")).stdout == "first"
+    # Every write (re)sets the TTL of what it leaves, a done list the producer drained and
+    # a later push made anew included; a write of duplicates only pushes nothing.
+    ttl_s = settings.batch_ttl_s
+    assert 0 < conn.ttl(keys[0]) <= ttl_s and 0 < conn.ttl(keys[1]) <= ttl_s
+    conn.delete(keys[1])
+    assert write_script(conn, keys, args([3], "again")) == [0]
+    assert not conn.exists(keys[1])
+    assert write_script(conn, keys, args([4], "third")) == [1]
+    assert 0 < conn.ttl(keys[1]) <= ttl_s
+
+
+def test_batches_see_live_hosts_and_a_claim_says_when_it_was_the_last(redis_url: str) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    keys = settings.keys
+    # Two dispatchers of host h1 and one of h2: two live hosts, for a heartbeat and a
+    # submit alike; a host whose dispatchers fell silent is not live any more.
+    _beat(conn, settings, "h1.0.x", host="h1")
+    _beat(conn, settings, "h1.1.y", host="h1")
+    assert _beat(conn, settings, "h2.0.z", host="h2")[1] == 2
+    watch = heartbeat_script(conn, [keys.leases(), keys.hosts()], ["", 5.0, "0", ""])
+    assert watch[1] == 2
+    batch_id = new_batch_id()
+    spec = BatchJob.from_codes(batch_id, ["print(1)"] * 5, Limits(), "", 0.0).encode()
+    state = [keys.batch_state(batch_id), keys.hosts()]
+    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0]) == 2
+    conn.zadd(keys.hosts(), {"h2": 1.0})
+    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0]) == 1
+    # A lone host claims what is left (within room and MAX_CLAIM) in one go, and the
+    # reply says it was the last: no claim round trip follows to learn it.
+    claim_keys = [keys.batch_state(batch_id), keys.batch_retry(batch_id), keys.leases()]
+    claim_keys += [keys.owner_batches("h1.0.x"), keys.hosts()]
+    first = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 2, 3, 5.0, "1"])
+    assert (first[1], first[3]) == (b"0-2", 0)
+    last = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 2, 3, 5.0, "0"])
+    assert (last[1], last[3]) == (b"3-4", 1)
+    assert claim_script(conn, claim_keys, ["h1.0.x", batch_id, 2, 3, 5.0, "0"])[0] == 0

@@ -251,3 +251,16 @@ def test_dispatchers_get_the_redis_url_off_their_command_line(
     dispatchers = command_lines("codepool.worker.dispatcher")
     assert len(dispatchers) >= 2
     assert not any(redis_url in cmdline for cmdline in dispatchers)
+
+
+def test_the_producers_linger_never_holds_up_a_batchs_end(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker()
+    # A linger longer than the test may take: reads wait no longer than the rest of the
+    # batch should take at the pace so far, so the batch ends when its results are in.
+    settings = Settings.from_env(redis_url=redis_url).replace(collect_linger_s=600.0)
+    pool = CodePool(redis_url, settings=settings)
+    n = 40
+    results = pool.submit([f"print({i})" for i in range(n)]).results(timeout_s=60)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)], [r.status for r in results]

@@ -24,7 +24,7 @@ def _store_raw(url: str, batch_id: str, spec: bytes, size: int) -> None:
     client = redis.Redis.from_url(url)
     submit_script(
         client,
-        [settings.keys.batch_state(batch_id), settings.keys.leases()],
+        [settings.keys.batch_state(batch_id), settings.keys.hosts()],
         [spec, size, "", 2, settings.batch_ttl_s, settings.lease_s],
     )
     announce(batch_queue(client, settings), settings, batch_id=batch_id, size=size)

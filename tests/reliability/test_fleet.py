@@ -55,6 +55,16 @@ class Hosts:
         members = self.conn.zrangebyscore(self.keys.leases(), now - 5, "+inf")
         return sum(m.decode().startswith(f"h{index}.") for m in members)
 
+    def listening(self, index: int) -> bool:
+        """A dispatcher of host ``index`` waits on the queue (one per host does, so each
+        host takes one of a batch's announcements)."""
+        addr = f"10.250.{index}.2:"
+        clients = self.conn.client_list()
+        return any(c["cmd"] == "blmove" and c["addr"].startswith(addr) for c in clients)
+
+    def ready(self, index: int) -> bool:
+        return self.live_dispatchers(index) >= 2 and self.listening(index)
+
     def wait(self, what: str, check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while not check():
@@ -73,7 +83,7 @@ def hosts(tmp_path: Path) -> Iterator[Hosts]:
         for index in range(HOSTS):
             started.start(index)
         for index in range(HOSTS):
-            started.wait(f"host {index}", lambda i=index: started.live_dispatchers(i) >= 2)
+            started.wait(f"host {index}", lambda i=index: started.ready(i))
         yield started
         started.pool.close()
 
@@ -141,7 +151,7 @@ def test_a_frozen_host_that_thaws_drops_its_late_results(hosts: Hosts) -> None:
     # It notices it was fenced, drops what its frozen snippets produced, and comes back
     # with fresh dispatchers.
     hosts.wait("late results dropped", lambda: "dropped" in hosts.log(index))
-    hosts.wait("host back", lambda: hosts.live_dispatchers(index) >= 2)
+    hosts.wait("host back", lambda: hosts.ready(index))
     assert "lease lapsed" in hosts.log(index)
     # Nothing it ran reached the done list after the producer had drained it.
     assert hosts.conn.llen(hosts.keys.batch_done(batch_id)) == 0
@@ -154,7 +164,7 @@ def test_a_host_cut_off_mid_batch_then_reconnected(hosts: Hosts) -> None:
     seen, index, batch_id = _run_with_fault(hosts, n, hosts.fleet.cut_link)
     _check_batch(hosts, seen, n)
     hosts.fleet.restore_link(index)
-    hosts.wait("host back", lambda: hosts.live_dispatchers(index) >= 2, timeout_s=90)
+    hosts.wait("host back", lambda: hosts.ready(index), timeout_s=90)
     assert hosts.conn.llen(hosts.keys.batch_done(batch_id)) == 0
     assert hosts.counted() == n
     _serves_everywhere(hosts, n)

@@ -27,7 +27,7 @@ class SigtermWhileJoining:
     def __init__(self, worker: Dispatcher) -> None:
         self.worker = worker
 
-    def prestart(self, job: CodepoolJob) -> None:
+    def prestart(self, job: CodepoolJob, **_: object) -> None:
         self.worker.request_stop(signal.SIGTERM, None)
         raise Joined
 
