@@ -12,9 +12,10 @@ dispatcher that comes back learns it from its next heartbeat and stops.
 Stats are counted per index through a bitmap, so a result is counted once however many
 times it was flushed, retried or found orphaned by a janitor.
 
-Batches are announced to, and claims sized by, the live *hosts* (``hosts``: each
-dispatcher's heartbeat renews its host's score too): one dispatcher per host joins a
-batch, and may use every slot its siblings leave free (worker/host_window.py).
+Batches are announced to the live *hosts* (``hosts``: each dispatcher's heartbeat
+renews its host's score too): one dispatcher per host joins a batch, and may use every
+slot its siblings leave free (worker/host_window.py); a claim leaves a share for every
+live dispatcher of another host.
 
 Everything that must be atomic is a Lua script here; results cost one EVALSHA per write
 of many (the result writer gathers them), a claim one per run of indices.
@@ -38,16 +39,17 @@ local t = redis.call('TIME')
 return redis.call('ZCOUNT', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[6], '+inf')
 """
 
-# KEYS: state, retry, leases, owner_batches, hosts.
+# KEYS: state, retry, leases, owner_batches.
 # ARGV: owner, batch_id, min_k, max_k, lease_s, need_spec ('1' on a dispatcher's first
-# claim in this batch: returns the batch record too).
+# claim in this batch: returns the batch record too), the owner's host's dispatchers.
 # -> {-2} fenced owner; {-1} no such batch; {0, '', spec} nothing left to claim;
 #    {claim_id, indices, spec, last}: indices "a-b" (fresh range) or "i,j" (released
 #    ones); last = 1 when nothing is left to claim after this one (no claim need follow).
 # Claims are fields ``c:{id}`` = ``owner|indices`` of the state hash (one HSET with the
 # ``next`` counter). Fresh runs shrink as the batch drains (guided self-scheduling):
-# what is left over one less than twice the hosts live now (all of it for a lone host,
-# a third for two), at least what the claimer has room for.
+# what is left over one plus twice the dispatchers live now on other hosts (each may
+# steal a share; the claimer's own host runs it all anyway, so a lone host takes it
+# all), at least what the claimer has room for.
 CLAIM = """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if (not score) or tonumber(score) == 0 then return {-2} end
@@ -74,8 +76,8 @@ end
 if nxt >= n then return {0, '', spec} end
 local left = n - nxt
 local t = redis.call('TIME')
-local live = redis.call('ZCOUNT', KEYS[5], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[5], '+inf')
-local k = math.ceil(left / (2 * math.max(1, live) - 1))
+local live = redis.call('ZCOUNT', KEYS[3], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[5], '+inf')
+local k = math.ceil(left / (1 + 2 * math.max(0, live - tonumber(ARGV[7]))))
 k = math.min(math.max(k, min_k), max_k, left)
 local claim = nxt .. '-' .. (nxt + k - 1)
 redis.call('HSET', KEYS[1], 'next', nxt + k, 'c:f' .. nxt, ARGV[1] .. '|' .. claim)

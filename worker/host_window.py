@@ -46,6 +46,7 @@ class HostWindow:
 
     def __init__(self, path: str, *, slot: int, slots: int, dispatchers: int) -> None:
         self.slot = slot
+        self.dispatchers = dispatchers
         self.share = share_of(slots, dispatchers)
         self.capacity = slots + dispatchers
         self._cells = dispatchers

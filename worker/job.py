@@ -226,7 +226,6 @@ class BatchExecution:
             keys.batch_retry(self.batch_id),
             keys.leases(),
             keys.owner_batches(runner.lease.owner),
-            keys.hosts(),
         ]
         args = [
             runner.lease.owner,
@@ -235,6 +234,7 @@ class BatchExecution:
             MAX_CLAIM,
             runner.settings.lease_s,
             "1" if first else "0",
+            runner.window.dispatchers,
         ]
         pipeline, self._first_claim_with = self._first_claim_with, None
         if pipeline is None:

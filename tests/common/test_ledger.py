@@ -50,9 +50,8 @@ def _claim(
             keys.batch_retry(batch_id),
             keys.leases(),
             keys.owner_batches(owner),
-            keys.hosts(),
         ],
-        [owner, batch_id, room, 64, settings.lease_s, "1"],
+        [owner, batch_id, room, 64, settings.lease_s, "1", 1],
     )
     if reply[0] == -2:
         return None
@@ -88,7 +87,7 @@ def test_claims_cover_every_index_once_and_shrink_as_the_batch_drains(redis_url:
         sizes.append(len(got))
         seen += got
     assert sorted(seen) == list(range(100))
-    assert sizes[0] == 20 and sizes[-1] == 1  # ceil(100 / (2 * 3 - 1)), down to one
+    assert sizes[0] == 20 and sizes[-1] == 1  # ceil(100 / (1 + 2 * 2 others)), down to one
     assert sizes == sorted(sizes, reverse=True)
     # A dispatcher without a lease claims nothing.
     assert _claim(conn, settings, _store(conn, settings, 3), "stranger", 1) is None
@@ -251,12 +250,16 @@ def test_batches_see_live_hosts_and_a_claim_says_when_it_was_the_last(redis_url:
     assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0]) == 2
     conn.zadd(keys.hosts(), {"h2": 1.0})
     assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0]) == 1
-    # A lone host claims what is left (within room and MAX_CLAIM) in one go, and the
-    # reply says it was the last: no claim round trip follows to learn it.
+    # A claim leaves a share for every live dispatcher of another host (h2's one: a
+    # third of 9), and once that one is silent the lone host takes what is left in one
+    # go (within room and MAX_CLAIM), told that it was the last: no claim round trip
+    # follows to learn it.
+    batch_id = _store(conn, settings, 9)
     claim_keys = [keys.batch_state(batch_id), keys.batch_retry(batch_id), keys.leases()]
-    claim_keys += [keys.owner_batches("h1.0.x"), keys.hosts()]
-    first = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 2, 3, 5.0, "1"])
+    claim_keys.append(keys.owner_batches("h1.0.x"))
+    first = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "1", 2])
     assert (first[1], first[3]) == (b"0-2", 0)
-    last = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 2, 3, 5.0, "0"])
-    assert (last[1], last[3]) == (b"3-4", 1)
-    assert claim_script(conn, claim_keys, ["h1.0.x", batch_id, 2, 3, 5.0, "0"])[0] == 0
+    conn.zadd(keys.leases(), {"h2.0.z": 1.0})
+    last = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "0", 2])
+    assert (last[1], last[3]) == (b"3-8", 1)
+    assert claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "0", 2])[0] == 0
