@@ -88,7 +88,7 @@ struct plan {
     int abi;
     struct ruleset_attr attr;
     size_t attr_size;
-    uint64_t fs_access, read_only, file_only;
+    uint64_t read_only, file_only;
     struct path_beneath rules[MAX_RULES];
     int nrules;
     int fd_first, fd_stop;
@@ -273,7 +273,7 @@ static void restrict_self(const struct plan *p) {
             check((int)syscall(SYS_landlock_add_rule, ruleset, 1, &p->rules[i], 0),
                   "landlock_add_rule");
         for (int i = 0; i < p->nwritable; i++)
-            allow_path(ruleset, p->writable[i], p->fs_access, p->file_only);
+            allow_path(ruleset, p->writable[i], p->attr.handled_access_fs, p->file_only);
         for (int i = 0; i < p->nreadable; i++)
             allow_path(ruleset, p->readable[i], p->read_only, p->file_only);
         check((int)syscall(SYS_landlock_restrict_self, ruleset, 0), "landlock_restrict_self");
@@ -409,52 +409,47 @@ static int str_list(PyObject *seq, const char **out, int *count, const char *wha
     return 0;
 }
 
-static int parse_rules(PyObject *seq, struct plan *p) {
-    PyObject *fast = PySequence_Fast(seq, "rules");
+/* A list of at most ``max`` pairs of unsigned integers into ``out``; returns the count,
+ * or -1 with an exception set. */
+static int parse_pairs(PyObject *seq, unsigned long long (*out)[2], int max, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
     if (fast == NULL)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (n > MAX_RULES) {
+    if (n > max) {
         Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "at most %d Landlock rules", MAX_RULES);
+        PyErr_Format(PyExc_ValueError, "%s: at most %d", what, max);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long access;
-        int fd;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "Ki", &access, &fd)) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "KK", &out[i][0], &out[i][1])) {
             Py_DECREF(fast);
             return -1;
         }
-        p->rules[i].allowed_access = access;
-        p->rules[i].parent_fd = fd;
     }
-    p->nrules = (int)n;
     Py_DECREF(fast);
-    return 0;
+    return (int)n;
 }
 
-static int parse_generators(PyObject *seq, struct plan *p) {
-    PyObject *fast = PySequence_Fast(seq, "generators");
-    if (fast == NULL)
+/* rules: (access, fd) per prepared Landlock rule; generators: (key, position) addresses. */
+static int parse_rules_and_generators(PyObject *rules, PyObject *generators, struct plan *p) {
+    unsigned long long pairs[MAX_RULES][2];
+    int n = parse_pairs(rules, pairs, MAX_RULES, "rules");
+    if (n < 0)
         return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (n > MAX_GENERATORS) {
-        Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "at most %d generators", MAX_GENERATORS);
+    for (int i = 0; i < n; i++) {
+        p->rules[i].allowed_access = pairs[i][0];
+        p->rules[i].parent_fd = (int32_t)pairs[i][1];
+    }
+    p->nrules = n;
+    n = parse_pairs(generators, pairs, MAX_GENERATORS, "generators");
+    if (n < 0)
         return -1;
+    for (int i = 0; i < n; i++) {
+        p->mt_keys[i] = (uint32_t *)(uintptr_t)pairs[i][0];
+        p->mt_positions[i] = (int *)(uintptr_t)pairs[i][1];
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long key, position;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "KK", &key, &position)) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        p->mt_keys[i] = (uint32_t *)(uintptr_t)key;
-        p->mt_positions[i] = (int *)(uintptr_t)position;
-    }
-    p->ngenerators = (int)n;
-    Py_DECREF(fast);
+    p->ngenerators = n;
     return 0;
 }
 
@@ -523,14 +518,14 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {
         "control", "clone_flags", "spawn", "tmpfs_options", "roots", "binds", "workdir",
         "last_cap", "nproc_headroom", "vm_baseline", "abi", "handled_fs", "handled_net",
-        "scoped", "attr_size", "fs_access", "read_only", "file_only", "rules", "fd_range",
+        "scoped", "attr_size", "read_only", "file_only", "rules", "fd_range",
         "writable", "readable", "seccomp", "generators", NULL};
     (void)self;
     static struct plan p; /* static: a child's C stack stays small */
     int control, spawn, abi;
     unsigned long clone_flags;
     long nproc_headroom;
-    unsigned long long vm_baseline, handled_fs, handled_net, scoped, fs_access, read_only,
+    unsigned long long vm_baseline, handled_fs, handled_net, scoped, read_only,
         file_only;
     Py_ssize_t attr_size;
     int fd_first, fd_stop;
@@ -538,9 +533,9 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
     const char *tmpfs_options, *workdir;
     Py_buffer filter = {0};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "ikpsOOsilKiKKKnKKKO(ii)OOy*O:serve", names, &control, &clone_flags,
+            args, kwargs, "ikpsOOsilKiKKKnKKO(ii)OOy*O:serve", names, &control, &clone_flags,
             &spawn, &tmpfs_options, &roots, &binds, &workdir, &p.last_cap, &nproc_headroom,
-            &vm_baseline, &abi, &handled_fs, &handled_net, &scoped, &attr_size, &fs_access,
+            &vm_baseline, &abi, &handled_fs, &handled_net, &scoped, &attr_size,
             &read_only, &file_only, &rules, &fd_first, &fd_stop, &writable, &readable,
             &filter, &generators))
         return NULL;
@@ -562,7 +557,6 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
     p.attr.handled_access_net = handled_net;
     p.attr.scoped = scoped;
     p.attr_size = (size_t)attr_size;
-    p.fs_access = fs_access;
     p.read_only = read_only;
     p.file_only = file_only;
     p.fd_first = fd_first;
@@ -573,7 +567,7 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         str_list(binds, p.binds, &p.nbinds, "binds") < 0 ||
         str_list(writable, p.writable, &p.nwritable, "writable") < 0 ||
         str_list(readable, p.readable, &p.nreadable, "readable") < 0 ||
-        parse_rules(rules, &p) < 0 || parse_generators(generators, &p) < 0) {
+        parse_rules_and_generators(rules, generators, &p) < 0) {
         PyBuffer_Release(&filter);
         return NULL;
     }
@@ -624,7 +618,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
 
 /* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
  * stale build (an in-place .so left from an older checkout) instead of crashing. */
-#define NATIVE_ABI 2
+#define NATIVE_ABI 3
 
 PyMODINIT_FUNC PyInit__nativechild(void) {
     PyObject *m = PyModule_Create(&module);

@@ -19,7 +19,6 @@ def serve(
     handled_net: int,
     scoped: int,
     attr_size: int,
-    fs_access: int,
     read_only: int,
     file_only: int,
     rules: list[tuple[int, int]],

@@ -30,7 +30,7 @@ except ImportError:  # built where a compiler was; see setup.py
     _module = None
 
 
-ABI = 2  # _nativechild.c's NATIVE_ABI
+ABI = 3  # _nativechild.c's NATIVE_ABI
 
 
 def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str | None:
@@ -137,7 +137,6 @@ def serve(
         handled_net=handled_net,
         scoped=scoped,
         attr_size=attr_size,
-        fs_access=handled_fs,
         read_only=landlock.READ_ONLY & handled_fs,
         file_only=landlock.FILE_ONLY,
         rules=[(rule.allowed_access, rule.parent_fd) for rule in guard.rules],

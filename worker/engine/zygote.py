@@ -34,12 +34,9 @@ CLONE_PARENT = 0x00008000
 class Prepared:
     """What the zygote set up once, before its first clone."""
 
-    state: isolation.IsolationState
     report: list[dict[str, object]]
-    guard: landlock.Plan
-    syscalls: seccomp.Filter
     single_threaded: bool
-    plan: ChildPlan  # every child's, but for its uid and fallback dir
+    plan: ChildPlan  # every child's, but for its uid and fallback dir (state, layers)
     native_unavailable: str | None  # why children are set up in Python; None: in C
     seeds: list[tuple[int, int]]  # generators the C set-up reseeds (native.generators)
     reseeded: bool  # ... which are all those child._reseed would
@@ -52,9 +49,9 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
             {
                 "pid": os.getpid(),
                 "report": ready.report,
-                "root": ready.state.root,
-                "pidns": ready.state.pidns,
-                "separate_uid": ready.state.separate_uid,
+                "root": ready.plan.state.root,
+                "pidns": ready.plan.state.pidns,
+                "separate_uid": ready.plan.state.separate_uid,
             }
         )
     )
@@ -126,12 +123,13 @@ def prepare(config: ZygoteConfig) -> Prepared:
         detail = f"in Python, about 1 ms more CPU per snippet: {why_not}"
     # A speed-up, not a protection: never a failing line.
     report.append({"name": "child set-up", "active": True, "detail": detail})
-    return Prepared(state, report, guard, syscalls, threads == 1, plan, why_not, seeds, reseeded)
+    return Prepared(report, threads == 1, plan, why_not, seeds, reseeded)
 
 
 def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepared) -> None:
     """The loop: one clone per request from the supervisor, until it goes away."""
-    state, plan = ready.state, ready.plan
+    plan = ready.plan
+    state = plan.state
     flags = isolation.clone_flags(state) | CLONE_PARENT
     if ready.native_unavailable is None:
         serve_natively(control, flags, ready)
