@@ -63,6 +63,19 @@ def command_lines(containing: str) -> list[str]:
     return [p.cmdline for p in processes() if containing in p.cmdline]
 
 
+def sleeping_below(pid: int) -> int:
+    """How many processes below ``pid`` sit in a timed sleep (a snippet's
+    ``time.sleep``): what tells a snippet that runs from one only claimed."""
+    count = 0
+    for child in descendants(pid):
+        try:
+            with open(f"/proc/{child}/wchan") as f:
+                count += "nanosleep" in f.read()
+        except OSError:
+            continue
+    return count
+
+
 def waiting_children(executor: LocalExecutor) -> list[int]:
     """The supervisor's children other than the zygote: the snippets' processes."""
     pid = executor.supervisor_pid

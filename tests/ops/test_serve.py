@@ -23,7 +23,7 @@ from sandbox_fusion import RunCodeRequest, RunJupyterRequest, run_code, run_jupy
 
 from codepool.common.result import infra, rejected
 from codepool.ops import sandbox_fusion as protocol
-from codepool.ops.processes import processes
+from codepool.ops.processes import descendants, processes
 from codepool.ops.serve_command import LISTENING
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker.engine.reaping import wait_or_kill
@@ -59,18 +59,6 @@ def start_serve(log_path: Path, *args: str, env: dict[str, str] | None = None) -
             return Serve(process, match.group(1), log_path)
     process.wait(timeout=30)
     raise AssertionError(f"serve exited ({process.returncode}):\n{log_path.read_text()}")
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for info in processes():
-        children.setdefault(info.ppid, []).append(info.pid)
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from codepool.producer import CodePool, RemoteSandbox
 from tests.conftest import (
     StartWorker,
     command_lines,
+    sleeping_below,
     wait_for_dispatchers,
     wait_until,
 )
@@ -189,6 +190,8 @@ def test_first_sigterm_finishes_in_flight_and_the_rest_runs_elsewhere(
     state = Settings.from_env(redis_url=redis_url).keys.batch_state(batch.id)
     client = redis.Redis.from_url(redis_url)
     wait_until(lambda: int(client.hget(state, "next") or 0) > 0, what="the first claim")
+    # Claimed is not started: a SIGTERM between the two gives every snippet back.
+    wait_until(lambda: sleeping_below(first.process.pid) > 0, what="a snippet running")
     first.process.send_signal(signal.SIGTERM)
     assert first.process.wait(timeout=20) == 0
     start_worker(concurrency=2, name="second")
