@@ -10,8 +10,8 @@ from codepool.common.result import STATUSES, ExecResult
 # percentiles from integer counters alone. Upper edges in ms; the last bucket is +Inf.
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 BUCKET_FIELDS = (*(f"latency_le_{ms}ms" for ms in LATENCY_BUCKETS_MS), "latency_le_inf")
-# Snippets each zygote ran (fork mode), so operators see the light/mid/heavy mix.
-ZYGOTE_FIELDS = ("zygote_light", "zygote_mid", "zygote_heavy")
+# Snippets each zygote ran (fork mode), so operators see the bare/light/mid/heavy mix.
+ZYGOTE_FIELDS = ("zygote_bare", "zygote_light", "zygote_mid", "zygote_heavy")
 FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us", *BUCKET_FIELDS, *ZYGOTE_FIELDS)
 
 
@@ -101,6 +101,7 @@ def metrics(counters: Mapping[str, int]) -> dict[str, float]:
     out["sandbox/latency"] = counters.get("latency_us", 0) / 1e6 / calls
     out["sandbox/exec_time"] = counters.get("exec_us", 0) / 1e6 / calls
     out["sandbox/queue_time"] = counters.get("queue_us", 0) / 1e6 / calls
+    out["sandbox/bare_zygote_share"] = counters.get("zygote_bare", 0) / calls
     out["sandbox/light_zygote_share"] = counters.get("zygote_light", 0) / calls
     out["sandbox/mid_zygote_share"] = counters.get("zygote_mid", 0) / calls
     return out

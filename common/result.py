@@ -33,7 +33,7 @@ class ExecResult:
     cpu_s: float = 0.0
     max_rss_kb: int = 0
     worker: str = ""
-    zygote: str = ""  # fork mode: "light", "mid" or "heavy", the zygote that cloned the child
+    zygote: str = ""  # fork mode: "bare", "light", "mid" or "heavy": the zygote that cloned it
     # Snippet.fetch_files that were found: relative path -> content.
     files: dict[str, bytes] = field(default_factory=dict)
     # Notebook cells (Snippet.cells), one map each: stdout, stderr, display (a list of

@@ -75,9 +75,12 @@ cases["after-bomb"] = (
 out = {}
 with LocalExecutor(concurrency=1, preload=(), namespaces=namespaces, landlock=landlock) as ex:
     out["report"] = {l["name"]: l["active"] for l in ex.report}
+    zygotes = set()
     for name, code in cases.items():
         r = ex.run(code, timeout_s=5.0)
         out[name] = [r.status, r.stdout.strip(), r.stderr.strip()[-300:]]
+        zygotes.add(r.zygote)
+    out["zygotes"] = sorted(zygotes)
     out["after"] = ex.run("print('still serving')").stdout.strip()
     out["worker-forks"] = os.waitpid(os.spawnv(os.P_NOWAIT, "/bin/true", ["true"]), 0)[1]
     out["report-detail"] = {l["name"]: l["detail"] for l in ex.report}
@@ -172,6 +175,10 @@ def test_a_non_root_worker_holds_against_hostile_snippets(
     uid = user[0].pw_uid
     status, identity, _ = out["identity"]  # type: ignore[misc]
     assert status == "ok" and identity == f"{uid} {uid} 0 0 0", "never uid 0, never a capability"
+    # Where the C set-up runs, plain snippets ran on the bare image, which keeps the
+    # namespace owner's capabilities through its exec, and the child still has none.
+    set_up = out["report-detail"]["child set-up"]  # type: ignore[index]
+    assert out["zygotes"] == (["bare"] if set_up.startswith("in C") else ["heavy"]), out
     # With namespaces /tmp is the snippet's own tmpfs; without, writing there is refused.
     refused = ["home", "tcp", "udp", "abstract"] + ([] if namespaces else ["tmp-write"])
     for name in refused:

@@ -30,6 +30,7 @@ class ZygoteConfig:
     landlock: bool = True  # the second layer; off only to measure what it costs
     light_zygote: bool = True  # fork mode: plain snippets fork from a zygote without preload
     native_child: bool = True  # the clone loop and child set-up in C, where it was built
+    bare: bool = False  # this zygote execs the bare image once prepared (see bare.py)
     owner_fd: int = -1
     listen_fd: int = -1  # optional: more clients (the worker's dispatchers) connect here
 

@@ -33,6 +33,7 @@ PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAP_VERSION_3 = 0x20080522
 
@@ -182,3 +183,18 @@ def drop_capabilities() -> None:
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)()
     _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def keep_capabilities_across_exec() -> None:
+    """Keep this process's capabilities through its next execve although its uid is not
+    0 (a user namespace's owner): each becomes inheritable and ambient. Whatever it
+    starts then drops them (drop_capabilities clears the ambient set too)."""
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data), "capget")
+    for word in data:
+        word.inheritable = word.permitted
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+    for cap in range(last_capability() + 1):
+        if data[cap // 32].permitted & (1 << (cap % 32)):
+            _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), "prctl")

@@ -17,6 +17,7 @@ import struct
 import sys
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from codepool.worker.engine import child, isolation, landlock, linux
 from codepool.worker.engine.child import ChildPlan
@@ -37,16 +38,24 @@ def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str 
     """Why this zygote's children cannot be set up in C; None when they can."""
     if not wanted:
         return "disabled by configuration (native_child=False)"
-    if _module is None:
-        return "the C extension was not built (no compiler at install time)"
-    if getattr(_module, "ABI", None) != ABI:
-        return "the C extension is a stale build: reinstall codepool (pip install -e .)"
+    why_not = unavailable_here()
+    if why_not is not None:
+        return why_not
     if not plan.state.pidns:
         return "no PID namespace here, which the C set-up assumes"
     if not single_threaded:
         return "the zygote has more than one thread"
     if not plan.env_in_place:
         return "the zygote's environment is not the snippets'"
+    return None
+
+
+def unavailable_here() -> str | None:
+    """Why this install has no usable C set-up at all; None when it has one."""
+    if _module is None:
+        return "the C extension was not built (no compiler at install time)"
+    if getattr(_module, "ABI", None) != ABI:
+        return "the C extension is a stale build: reinstall codepool (pip install -e .)"
     return None
 
 
@@ -118,11 +127,22 @@ def serve(
     """The clone loop (see _nativechild.c): None in the zygote once the supervisor is
     gone; in each child, what child.native_child_main takes. ``seeds``: generators()."""
     assert _module is not None
+    result: tuple[bytes, int] | None = _module.serve(
+        **serve_arguments(control.fileno(), clone_flags, plan, seeds)
+    )
+    return result
+
+
+def serve_arguments(
+    control_fd: int, clone_flags: int, plan: ChildPlan, seeds: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """_nativechild.serve's keywords: ints, strings, bytes and lists of them (what
+    marshal carries to the bare zygote's image, see bare.py)."""
     guard = plan.guard
     handled_fs, handled_net, scoped, attr_size = guard.ruleset_attr() if guard.abi else (0,) * 4
     program = plan.syscalls.instructions
-    result: tuple[bytes, int] | None = _module.serve(
-        control=control.fileno(),
+    return dict(
+        control=control_fd,
         clone_flags=clone_flags,
         spawn=plan.mode == "spawn",
         tmpfs_options=isolation.tmpfs_options(plan.disk_mb),
@@ -146,4 +166,3 @@ def serve(
         seccomp=bytes(program) if program is not None else b"",
         generators=seeds,
     )
-    return result

@@ -1,5 +1,6 @@
-"""Which zygote runs a snippet: the light one (no preload), the mid one (the first
-preloaded module alone) or the heavy one (all of them).
+"""Which zygote runs a snippet: the bare one (the interpreter and the C set-up alone,
+see bare.py), the light one (no preload), the mid one (the first preloaded module
+alone) or the heavy one (all of them).
 
 A fork of the heavy image (numpy, sympy and whatever ``preload`` names) costs several
 times a fork of a bare interpreter, in page tables, copied pages and exit teardown, and
@@ -10,6 +11,8 @@ standard library (third-party packages tend to pull in numpy); to the mid one wh
 first preloaded module is the only one it imports beyond the standard library; else
 to the heavy one. The scan only routes: a snippet that imports a module at run time
 (``__import__``, ``importlib``) that its zygote did not preload still works, just slower.
+Of the snippets the light zygote would run, the plain ones (no stdin, files, fetched
+files or cells) go to the bare one where it runs.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import hashlib
 import sys
 import warnings
 
+BARE = "bare"
 LIGHT = "light"
 MID = "mid"
 HEAVY = "heavy"
-KINDS = (LIGHT, MID, HEAVY)
+KINDS = (BARE, LIGHT, MID, HEAVY)
 CACHE_SIZE = 4096
 
 
@@ -51,16 +55,31 @@ def mid_preload(preload: list[str]) -> list[str] | None:
 
 
 class Router:
-    """Routes snippets by their imports, cached by code hash. ``mid``: whether a mid
-    zygote runs (see mid_preload)."""
+    """Routes snippets by their imports, cached by code hash, among the zygotes that
+    run: ``light``, ``mid`` (see mid_preload) and ``bare`` say which do besides the
+    heavy one (without a light one, the heavy one preloads nothing and stands in)."""
 
-    def __init__(self, preload: list[str], *, mid: bool = False) -> None:
+    def __init__(
+        self, preload: list[str], *, mid: bool = False, light: bool = True, bare: bool = False
+    ) -> None:
         self.heavy = {name.split(".")[0] for name in preload}
         first = mid_preload(preload) if mid else None
         self.mid = first[0].split(".")[0] if first else None
+        self.light = light
+        self.bare = bare
         self.cache: collections.OrderedDict[bytes, str] = collections.OrderedDict()
 
-    def kind(self, source: bytes) -> str:
+    def kind(self, source: bytes, *, plain: bool = True) -> str:
+        """``plain``: the request has no inputs (only those may go to the bare one)."""
+        kind = self._by_imports(source)
+        if kind == LIGHT:
+            if plain and self.bare:
+                return BARE
+            if not self.light:
+                return HEAVY
+        return kind
+
+    def _by_imports(self, source: bytes) -> str:
         if b"import" not in source:  # most snippets: no parse at all
             return LIGHT
         key = hashlib.blake2b(source, digest_size=16).digest()

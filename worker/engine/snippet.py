@@ -13,29 +13,33 @@ import linecache
 import os
 import sys
 import types
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn
 
 from codepool.common.autoprint import FILENAME, compile_snippet
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TextIO
 
 CODE_FD = 3
 RECORD_FD = 4  # spawn mode, notebook cells: where each cell's record goes (see cells.py)
 
 
-@dataclass(frozen=True)
 class Fresh:
     """A ``__main__`` module and stdio objects nobody has used yet.
 
     The zygote makes one and every forked child installs its own copy of it, so
     children do not pay for building them. The streams name fds 0-2, which each child
-    points at its own /dev/null and output files before installing them.
+    points at its own /dev/null and output files before installing them. (A plain
+    class: the bare zygote's image has no dataclasses, see bare.py.)
     """
 
-    main: types.ModuleType
-    stdin: TextIO
-    stdout: TextIO
-    stderr: TextIO
+    __slots__ = ("main", "stderr", "stdin", "stdout")
+
+    def __init__(
+        self, *, main: types.ModuleType, stdin: TextIO, stdout: TextIO, stderr: TextIO
+    ) -> None:
+        self.main, self.stdin, self.stdout, self.stderr = main, stdin, stdout, stderr
 
     @classmethod
     def create(cls) -> Fresh:

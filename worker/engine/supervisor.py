@@ -32,7 +32,7 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.result import infra, rejected
 from codepool.common.snippet import Snippet
-from codepool.worker.engine import isolation, leftovers, readback, routing
+from codepool.worker.engine import isolation, leftovers, native, readback, routing
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.child import Request as ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
@@ -97,8 +97,13 @@ class Supervisor:
         self.state = self.zygote.state
         self.report = self.zygote.report
         self.router = (
-            routing.Router(config.preload, mid=routing.MID in zygotes)
-            if routing.LIGHT in zygotes
+            routing.Router(
+                config.preload,
+                mid=routing.MID in zygotes,
+                light=routing.LIGHT in zygotes,
+                bare=routing.BARE in zygotes,
+            )
+            if len(zygotes) > 1
             else None
         )
         self.selector = selectors.DefaultSelector()
@@ -224,7 +229,8 @@ class Supervisor:
         if too_big:
             self._send(client, _rejected(request_id, too_big))
             return
-        kind = routing.HEAVY if self.router is None else self.router.kind(code)
+        plain = snippet is None or not snippet.has_inputs
+        kind = routing.HEAVY if self.router is None else self.router.kind(code, plain=plain)
         self.queue.append(Request(client, request_id, code, limits, now, kind, snippet))
 
     # -- children ------------------------------------------------------------------
@@ -490,6 +496,7 @@ class ZygoteHandle:
     pid: int
     state: isolation.IsolationState
     report: list[dict[str, object]]
+    native: bool  # its children are set up in C
 
 
 def launch_zygote(config: ZygoteConfig) -> tuple[subprocess.Popen[bytes], socket.socket]:
@@ -520,7 +527,7 @@ def await_zygote(
     state = isolation.IsolationState(
         root=hello["root"], pidns=hello["pidns"], separate_uid=hello["separate_uid"]
     )
-    return ZygoteHandle(process, ours, hello["pid"], state, hello["report"])
+    return ZygoteHandle(process, ours, hello["pid"], state, hello["report"], hello["native"])
 
 
 def start_zygotes(config: ZygoteConfig) -> dict[str, ZygoteHandle]:
@@ -528,21 +535,34 @@ def start_zygotes(config: ZygoteConfig) -> dict[str, ZygoteHandle]:
     snippets that import none of it and, with more than one module preloaded, a mid one
     for snippets that import only the first (see routing)."""
     launched = {routing.HEAVY: launch_zygote(config)}
-    if config.mode == "fork" and config.preload and config.light_zygote:
-        launched[routing.LIGHT] = launch_zygote(dataclasses.replace(config, preload=[]))
+    if config.mode == "fork" and config.light_zygote:
+        if config.native_child and native.unavailable_here() is None:
+            bare_config = dataclasses.replace(config, preload=[], bare=True)
+            launched[routing.BARE] = launch_zygote(bare_config)
+        if config.preload:
+            launched[routing.LIGHT] = launch_zygote(dataclasses.replace(config, preload=[]))
         mid = routing.mid_preload(config.preload)
         if mid is not None:
             launched[routing.MID] = launch_zygote(dataclasses.replace(config, preload=mid))
     zygotes = {kind: await_zygote(started) for kind, started in launched.items()}
+    if routing.BARE in zygotes and not zygotes[routing.BARE].native:
+        # It could not exec the bare image (the C set-up needs what this host lacks, as
+        # the report's "child set-up" line says): the light or heavy one does as well.
+        unused = zygotes.pop(routing.BARE)
+        unused.sock.close()
+        wait_or_kill(unused.process, 5.0)
     if len(zygotes) > 1:
-        detail = (
-            "a light one (no preload) for snippets whose imports are all in the standard library"
-        )
+        parts = []
+        if routing.BARE in zygotes:
+            parts.append("a bare one (the interpreter and the C set-up) for plain snippets")
+        if routing.LIGHT in zygotes:
+            parts.append("a light one (no preload) for the rest whose imports are all stdlib")
         if routing.MID in zygotes:
-            detail += f", a mid one ({config.preload[0]} alone) for those that import only it"
+            parts.append(f"a mid one ({config.preload[0]} alone) for those that import only it")
+        parts.append("the heavy one for the rest")
         zygotes[routing.HEAVY].report.append(
             # A speed-up, not a protection: never a failing line.
-            {"name": "zygotes", "active": True, "detail": detail + ", the heavy one for the rest"}
+            {"name": "zygotes", "active": True, "detail": ", ".join(parts)}
         )
     return zygotes
 

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from codepool.common import codec
-from codepool.worker.engine import isolation, landlock, linux, native, seccomp, snippet
+from codepool.worker.engine import bare, isolation, landlock, linux, native, seccomp, snippet
 from codepool.worker.engine.child import ChildPlan, child_main, native_child_main
 from codepool.worker.engine.config import ZygoteConfig, enter
 from codepool.worker.engine.protocol import CLONE_REPLY, CLONE_REQUEST
@@ -52,6 +52,7 @@ def serve(config: ZygoteConfig, control: socket.socket) -> None:
                 "root": ready.plan.state.root,
                 "pidns": ready.plan.state.pidns,
                 "separate_uid": ready.plan.state.separate_uid,
+                "native": ready.native_unavailable is None,
             }
         )
     )
@@ -101,7 +102,7 @@ def prepare(config: ZygoteConfig) -> Prepared:
         None,
         config.disk_mb,
         config.env,
-        _vm_size_bytes(),
+        bare.vm_size_bytes(),
         None,
         snippet.Fresh.create() if config.mode == "fork" else None,
         guard,
@@ -132,6 +133,10 @@ def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepar
     state = plan.state
     flags = isolation.clone_flags(state) | CLONE_PARENT
     if ready.native_unavailable is None:
+        if config.bare:
+            # Nothing preloaded, so nothing to reseed: the bare image imports no generator.
+            arguments = native.serve_arguments(control.fileno(), flags, plan, [])
+            bare.become(arguments, [control.fileno(), *plan.guard.fd_range])
         serve_natively(control, flags, ready)
         return
     while True:
@@ -170,14 +175,6 @@ def serve_natively(control: socket.socket, flags: int, ready: Prepared) -> None:
     if got is None:
         return  # the supervisor is gone
     native_child_main(plan, *got, reseeded=ready.reseeded)
-
-
-def _vm_size_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _preload(names: list[str]) -> list[dict[str, object]]:

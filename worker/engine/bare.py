@@ -1,0 +1,74 @@
+"""The bare zygote: plain snippets fork from an image of the interpreter, the C set-up
+and the snippet runner, and nothing else.
+
+A fork copies one page-table entry per resident page and one mapping per mapped
+region, and the child's exit frees them all again. The light zygote's image holds the
+whole set-up machinery (isolation, Landlock and seccomp in Python, the wire codec,
+ctypes, msgpack): 10 MiB of heap and 127 mappings, where a bare interpreter has 5 MiB
+and 44, so its fork and exit cost a plain snippet about twice the CPU. So the bare
+zygote prepares as any zygote does (namespaces, both layers planned, hello sent), then
+execs a fresh interpreter in the same process, which keeps the namespaces and the fds
+the C set-up needs (the supervisor's socket, Landlock's path fds) and receives the rest
+of _nativechild.serve's arguments through a memfd, marshalled. Only plain requests come
+here (no stdin, files, fetched files or cells: their Python steps would be imported in
+each child); the supervisor's router sees to that. Where the C set-up is not
+available the zygote stays as it is and serves like a light one.
+"""
+
+from __future__ import annotations
+
+import gc
+import marshal
+import os
+import sys
+from typing import Any, NoReturn
+
+from codepool.worker.engine import _nativechild, snippet
+
+BOOT = "from codepool.worker.engine import bare; bare.main()"
+SETUP_FAILED_EXIT = 126  # child.SETUP_FAILED_EXIT (child.py is not in this image)
+
+
+def become(arguments: dict[str, Any], keep_fds: list[int]) -> NoReturn:
+    """In a prepared zygote: exec the bare image, which serves with ``arguments``
+    (native.serve_arguments) and inherits ``keep_fds``."""
+    if os.geteuid() != 0:
+        # Here, not at the top: the bare image imports this module, and must not ctypes.
+        from codepool.worker.engine import linux
+
+        # A user namespace's owner keeps its uid, so execve would drop its capabilities.
+        linux.keep_capabilities_across_exec()
+    carrier = os.memfd_create("codepool-bare")
+    os.write(carrier, marshal.dumps(arguments))
+    for fd in [carrier, *keep_fds]:
+        os.set_inheritable(fd, True)
+    os.execv(sys.executable, [sys.executable, "-P", "-B", "-c", BOOT, str(carrier)])
+
+
+def main() -> NoReturn:
+    """The bare image's loop: in the zygote until the supervisor goes, in each child
+    the snippet."""
+    carrier = int(sys.argv[1])
+    arguments = marshal.loads(os.pread(carrier, 1 << 24, 0))
+    os.close(carrier)
+    snippet.prepare(snippet.Fresh.create())
+    gc.collect()
+    gc.freeze()  # as in any zygote: the collector leaves the shared pages alone
+    arguments["vm_baseline"] = vm_size_bytes()  # this image's, not the one before exec
+    got = _nativechild.serve(**arguments)
+    if got is None:
+        os._exit(0)  # the supervisor is gone
+    payload, flags = got
+    if flags < 0:  # a request with inputs: never routed here
+        os.write(2, b"codepool: a request with inputs reached the bare zygote\n")
+        os._exit(SETUP_FAILED_EXIT)
+    snippet.run_snippet(payload, auto_print=bool(flags & 1), rich=bool(flags & 2))
+
+
+def vm_size_bytes() -> int:
+    """This process's address space (RLIMIT_AS counts a child's from it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
