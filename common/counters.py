@@ -44,7 +44,7 @@ def count(result: ExecResult) -> dict[str, int]:
 
 
 def terms(result: ExecResult) -> tuple[str, int, int, int, str, str]:
-    """What the Redis-side counter (``ledger.COUNT``) adds up for one result: status,
+    """What the Redis-side counting (``ledger.WRITE``) adds up for one result: status,
     latency_us, exec_us, queue_us, the latency bucket and the zygote field ("" for
     none); the same sums as ``count``."""
     return (

@@ -1,5 +1,6 @@
 """Recovering a lapsed dispatcher's work: fence it, release what it had not finished,
-count what it finished, announce the released work, and tidy RQ's records of it.
+announce the released work, and tidy RQ's records of it. What it finished was counted
+when it was written (common/tally.py).
 
 Any live dispatcher runs this from its heartbeat, and a producer while it waits, so a
 batch recovers whether or not its own producer is still there. Every step is idempotent:
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from typing import cast
 
 import redis
@@ -20,13 +20,12 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.worker_registration import unregister
 
-from codepool.common import codec
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.ledger import fence_script, forget_script, release_script, write_script
 from codepool.common.queueing import announce, announcements_for, batch_of_job, batch_queue
-from codepool.common.result import ExecResult, infra
+from codepool.common.result import infra
 from codepool.common.settings import Settings
-from codepool.common.tally import BatchCounts, count_hashes, count_results
+from codepool.common.tally import write_calls
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +105,11 @@ class Janitor:
             [owner, "1" if graceful else "0", self.settings.batch_ttl_s],
         )
         released, fresh, reruns = int(reply[0]), int(reply[4]), int(reply[5])
-        orphans: list[int] = [int(i) for i in reply[1]]
+        # reply[1], what it finished, was counted with its write: nothing to do for it.
         exhausted: list[int] = [int(i) for i in reply[2]]
         run = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
         if released < 0:
             return 0  # the batch is gone (expired)
-        if orphans:
-            self._count_orphans(batch_id, run, orphans)
         if exhausted:
             self._give_up(batch_id, run, exhausted, runs=reruns + 1)
         if released or (announce_anyway and fresh > 0):
@@ -125,42 +122,20 @@ class Janitor:
             )
         return released
 
-    def _count_orphans(self, batch_id: str, run: str, indices: list[int]) -> None:
-        """Count finished results whose dispatcher may have died before counting them."""
-        blobs = self.conn.hmget(self.keys.batch_results(batch_id), indices)
-        by_worker: defaultdict[str, list[tuple[int, ExecResult]]] = defaultdict(list)
-        for index, blob in zip(indices, blobs, strict=True):
-            if blob is not None:
-                result = codec.decode_result(cast(bytes, blob))
-                by_worker[result.worker].append((index, result))
-        for worker, results in by_worker.items():
-            self._count(batch_id, run, worker, results)
-
     def _give_up(self, batch_id: str, run: str, indices: list[int], *, runs: int) -> None:
         result = infra(LOST_MESSAGE.format(runs=runs), worker=self.name)
-        blob = codec.encode_result(result)
-        keys = [self.keys.batch_results(batch_id), self.keys.batch_done(batch_id)]
-        args: list[object] = [self.settings.batch_ttl_s]
-        for index in indices:
-            args += [index, blob, codec.encode_done_entry(index, blob)]
-        firsts = write_script(self.conn, keys, args)
-        written = [(index, result) for index, first in zip(indices, firsts, strict=True) if first]
-        self._count(batch_id, run, "", written)
-        log.warning(
-            "janitor %s: batch %s: %d snippets lost too often", self.name, batch_id, len(indices)
-        )
-
-    def _count(
-        self, batch_id: str, run: str, worker: str, results: list[tuple[int, ExecResult]]
-    ) -> None:
-        count_results(
-            self.conn,
+        for call_keys, args in write_calls(
             self.keys,
-            owner="",
-            hashes=count_hashes(self.keys, worker, run),
-            batches=[BatchCounts(batch_id, results)],
+            batch_id,
+            [(index, result) for index in indices],
+            worker="",
+            run=run,
             batch_ttl_s=self.settings.batch_ttl_s,
             minute_ttl_s=self.settings.minute_stats_ttl_s,
+        ):
+            write_script(self.conn, call_keys, args)
+        log.warning(
+            "janitor %s: batch %s: %d snippets lost too often", self.name, batch_id, len(indices)
         )
 
     def _retire_rq_worker(self, owner: str) -> str | None:

@@ -33,10 +33,6 @@ class Keys:
         """List: indices released from lapsed claims, claimed again before fresh ones."""
         return f"{self.prefix}batch:{batch_id}:retry"
 
-    def batch_counted(self, batch_id: str) -> str:
-        """Bitmap: bit i set once snippet i's result is in the stats counters."""
-        return f"{self.prefix}batch:{batch_id}:counted"
-
     def leases(self) -> str:
         """Sorted set: dispatcher -> last heartbeat (Redis server time, s); 0 = fenced."""
         return f"{self.prefix}leases"

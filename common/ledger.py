@@ -9,8 +9,9 @@ the hosts' clocks do not matter. A dispatcher whose score is older than the leas
 releases its unfinished indices to the batch's retry list and forgets it. A fenced
 dispatcher that comes back learns it from its next heartbeat and stops.
 
-Stats are counted per index through a bitmap, so a result is counted once however many
-times it was flushed, retried or found orphaned by a janitor.
+Stats are counted by the write itself, in the same script call, for the results whose
+HSETNX was the first: so a result is counted exactly once however often it is written,
+retried or run again, and nothing is ever written but not counted.
 
 Batches are announced to the live *hosts* (``hosts``: each dispatcher's heartbeat
 renews its host's score too): one dispatcher per host joins a batch, and may use every
@@ -84,22 +85,40 @@ redis.call('HSET', KEYS[1], 'next', nxt + k, 'c:f' .. nxt, ARGV[1] .. '|' .. cla
 return {'f' .. nxt, claim, spec, (k == left and retry <= 0) and 1 or 0}
 """
 
-# KEYS: results, done. ARGV: ttl_s, then index, result, done entry for each of one or
-# more results. HSETNX each result; push its done entry (index and result, so the
-# producer needs no second read) only on a first write; (re)set both keys' TTL, so
-# whatever a write leaves, a list the producer drained and this push made anew
-# included, expires. -> one 1 (first write) or 0 per result. One call for many results:
-# Redis wakes once for them, and a producer blocked on the done list gets them in one pop.
+# KEYS: results, done, then the counter hashes (the minute hash second among them, so
+# KEYS[4]). ARGV: ttl_s, minute_ttl_s, then nine per result: index, result, done entry,
+# status, latency_us, exec_us, queue_us, latency bucket field, zygote field ('' for none).
+# HSETNX each result; push its done entry (index and result, so the producer needs no
+# second read) and count it only on a first write; (re)set the keys' TTL, so whatever a
+# write leaves, a list the producer drained and this push made anew included, expires.
+# -> one 1 (first write) or 0 per result. One call for many results: Redis wakes once for
+# them, a producer blocked on the done list gets them in one pop, and the counters get
+# one HINCRBY per field and hash.
 WRITE = """
-local firsts, pushed = {}, {}
-for i = 2, #ARGV, 3 do
+local firsts, pushed, sums = {}, {}, {}
+local function add(field, v) sums[field] = (sums[field] or 0) + v end
+for i = 3, #ARGV, 9 do
   local first = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
   firsts[#firsts + 1] = first
-  if first == 1 then pushed[#pushed + 1] = ARGV[i + 2] end
+  if first == 1 then
+    pushed[#pushed + 1] = ARGV[i + 2]
+    add(ARGV[i + 3], 1); add(ARGV[i + 7], 1)
+    add('latency_us', tonumber(ARGV[i + 4]))
+    add('exec_us', tonumber(ARGV[i + 5]))
+    add('queue_us', tonumber(ARGV[i + 6]))
+    if ARGV[i + 8] ~= '' then add(ARGV[i + 8], 1) end
+  end
 end
 if #pushed > 0 then
   redis.call('RPUSH', KEYS[2], unpack(pushed))
   redis.call('EXPIRE', KEYS[2], ARGV[1])
+  add('calls', #pushed)
+  for k = 3, #KEYS do
+    for field, v in pairs(sums) do
+      if v ~= 0 then redis.call('HINCRBY', KEYS[k], field, v) end
+    end
+  end
+  redis.call('EXPIRE', KEYS[4], ARGV[2])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
@@ -190,64 +209,6 @@ redis.call('EXPIRE', KEYS[4], ARGV[3])
 return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4]), reruns}
 """
 
-# KEYS: owner_batches, the counter hashes (H of them), then one counted bitmap per batch.
-# ARGV: bitmap_ttl_s, minute_ttl_s, H, then per batch: batch_id, done ('1': SREM it from
-# owner_batches), R, then seven per result: index, status, latency_us, exec_us, queue_us,
-# latency bucket field, zygote field ('' for none). The minute hash is the second counter
-# hash (its TTL is set).
-# Only indices whose bit is clear are counted; so a flush may be retried, or a janitor
-# count what a dead dispatcher never flushed, without counting anything twice. The sums
-# of all batches go to the hashes once.
-COUNT = """
-local nhashes = tonumber(ARGV[3])
-local sums, counted, p = {}, 0, 4
-local function add(field, v) sums[field] = (sums[field] or 0) + v end
-for b = 1, #KEYS - 1 - nhashes do
-  local bitmap, batch_id, done = KEYS[1 + nhashes + b], ARGV[p], ARGV[p + 1]
-  local nres = tonumber(ARGV[p + 2])
-  p = p + 3
-  if nres > 0 then
-    local get, seen, set = {}, {}, {}
-    for r = 0, nres - 1 do
-      get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = '#' .. ARGV[p + 7 * r]
-    end
-    local bits = redis.call('BITFIELD', bitmap, unpack(get))
-    for r = 0, nres - 1 do
-      local q = p + 7 * r
-      if bits[r + 1] == 0 and not seen[ARGV[q]] then
-        seen[ARGV[q]] = true
-        counted = counted + 1
-        add('calls', 1); add(ARGV[q + 1], 1); add(ARGV[q + 5], 1)
-        add('latency_us', tonumber(ARGV[q + 2]))
-        add('exec_us', tonumber(ARGV[q + 3]))
-        add('queue_us', tonumber(ARGV[q + 4]))
-        if ARGV[q + 6] ~= '' then add(ARGV[q + 6], 1) end
-        set[#set + 1] = 'SET'; set[#set + 1] = 'u1'; set[#set + 1] = '#' .. ARGV[q]
-        set[#set + 1] = 1
-      end
-    end
-    if #set > 0 then
-      redis.call('BITFIELD', bitmap, unpack(set))
-      redis.call('EXPIRE', bitmap, ARGV[1])
-    end
-    p = p + 7 * nres
-  end
-  if done == '1' then redis.call('SREM', KEYS[1], batch_id) end
-end
-if counted > 0 then
-  for k = 2, 1 + nhashes do
-    for field, v in pairs(sums) do
-      if v ~= 0 then redis.call('HINCRBY', KEYS[k], field, v) end
-    end
-  end
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
-end
-return counted
-"""
-
-# Results per COUNT call: keeps Lua's unpack() well inside its stack limit.
-COUNT_CHUNK = 500
-
 
 class Script:
     """A Lua script called by SHA, loaded again if the server forgot it (a restart)."""
@@ -278,7 +239,6 @@ heartbeat_script = Script(HEARTBEAT)
 fence_script = Script(FENCE)
 forget_script = Script(FORGET)
 release_script = Script(RELEASE)
-count_script = Script(COUNT)
 
 
 def parse_indices(claim: str) -> list[int]:

@@ -22,7 +22,8 @@ class Settings:
     job_result_ttl_s / job_failure_ttl_s: RQ's own records of finished / failed jobs.
     socket_timeout_s: redis-py socket timeout for ordinary commands (blocking reads
         add their own block time to it).
-    stats_flush_s: dispatchers flush aggregated counters at least this often.
+    stats_flush_s: dispatchers take the batches they are through with out of their
+        owner set at least this often (counters go with the results, in one write).
     write_gap_s: while a dispatcher's results stream in, it writes them to Redis at
         most once per this many seconds, each write carrying all that gathered (a
         result after a quieter spell, or one nothing else would join, goes at once);

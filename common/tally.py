@@ -1,23 +1,24 @@
-"""Counting results into the stats hashes, exactly once per snippet.
+"""Writing results and counting them, in one script call (``ledger.WRITE``).
 
-Dispatchers aggregate and call this at least once a second; a janitor calls it for what
-a dead dispatcher wrote but never counted. Either way the batch's ``counted`` bitmap
-decides, inside Redis, which indices are new, so a retried or repeated call adds nothing.
+A result is counted where it is written, and only if its write was the first for its
+index, so the counters hold every snippet exactly once however often it is written:
+the result writer retrying after a dropped connection, a rerun after a lost
+dispatcher, a janitor giving up on one. Dispatchers call it from their result writer
+(many results per call), a janitor for what it gives up on.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import redis
-
-from codepool.common import counters
+from codepool.common import codec, counters
 from codepool.common.keys import Keys
-from codepool.common.ledger import COUNT_CHUNK, count_script
 from codepool.common.result import ExecResult
+
+# Results per WRITE call: keeps Lua's unpack() well inside its stack limit.
+WRITE_CHUNK = 128
 
 
 def count_hashes(keys: Keys, worker: str, run: str, now: float | None = None) -> list[str]:
@@ -32,56 +33,27 @@ def count_hashes(keys: Keys, worker: str, run: str, now: float | None = None) ->
     return hashes
 
 
-@dataclass
-class BatchCounts:
-    """One batch's results to count; ``done``: the owner holds nothing more of it."""
-
-    batch_id: str
-    results: Sequence[tuple[int, ExecResult]]
-    done: bool = False
-
-
-def count_results(
-    conn: redis.Redis,
+def write_calls(
     keys: Keys,
+    batch_id: str,
+    results: Sequence[tuple[int, ExecResult]],
     *,
-    owner: str,
-    hashes: Sequence[str],
-    batches: Sequence[BatchCounts],
+    worker: str,
+    run: str,
     batch_ttl_s: int,
     minute_ttl_s: int,
-) -> int:
-    """Count the not-yet-counted results of ``batches`` into ``hashes`` (from
-    ``count_hashes``); a batch marked done leaves ``owner``'s set. One script call for
-    up to COUNT_CHUNK results. Returns how many were new."""
-    counted = 0
-    for piece in _pieces(batches):
-        call_keys = [keys.owner_batches(owner), *hashes]
-        args: list[Any] = [batch_ttl_s, minute_ttl_s, len(hashes)]
-        for item in piece:
-            call_keys.append(keys.batch_counted(item.batch_id))
-            args += [item.batch_id, "1" if item.done else "0", len(item.results)]
-            for index, result in item.results:
-                args.append(index)
-                args.extend(counters.terms(result))
-        counted += int(count_script(conn, call_keys, args))
-    return counted
-
-
-def _pieces(batches: Sequence[BatchCounts]) -> list[list[BatchCounts]]:
-    """Split into calls of at most COUNT_CHUNK results; a split batch is done only in
-    its last part."""
-    pieces: list[list[BatchCounts]] = [[]]
-    size = 0
-    for item in batches:
-        results = list(item.results)
-        while True:
-            room = COUNT_CHUNK - size
-            head, results = results[:room], results[room:]
-            pieces[-1].append(BatchCounts(item.batch_id, head, item.done and not results))
-            size += len(head)
-            if not results:
-                break
-            pieces.append([])
-            size = 0
-    return pieces
+) -> list[tuple[list[str], list[Any]]]:
+    """The WRITE calls (keys, args) that write and count ``results`` of one batch."""
+    call_keys = [
+        keys.batch_results(batch_id),
+        keys.batch_done(batch_id),
+        *count_hashes(keys, worker, run),
+    ]
+    calls = []
+    for start in range(0, len(results), WRITE_CHUNK):
+        args: list[Any] = [batch_ttl_s, minute_ttl_s]
+        for index, result in results[start : start + WRITE_CHUNK]:
+            blob = codec.encode_result(result)
+            args += [index, blob, codec.encode_done_entry(index, blob), *counters.terms(result)]
+        calls.append((call_keys, args))
+    return calls

@@ -60,10 +60,9 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
     channel = PUBSUB_CHANNEL_TEMPLATE % PROBE_ID
     result_stream = str(Result.get_key(PROBE_ID))  # type: ignore[no-untyped-call]
     return [
-        # codepool: result writer, stats flush, leases and claims, heartbeat, producer.
+        # codepool: result writer (and its counting), leases and claims, heartbeat, producer.
         ("SCRIPT", "LOAD", "return 1"),
         ("TIME",),
-        ("BITFIELD", keys.batch_counted(PROBE_ID), "SET", "u1", "#0", "1"),
         ("ZRANGEBYSCORE", keys.leases(), "0", "1", "LIMIT", "0", "1"),
         ("ZCOUNT", keys.hosts(), "0", "+inf"),
         ("ZREMRANGEBYSCORE", keys.hosts(), "-inf", "0"),

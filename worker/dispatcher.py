@@ -30,9 +30,9 @@ from codepool.common.connection import redis_client
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION
-from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.engine import linux
 from codepool.worker.engine.client import AttachedExecutor
+from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host_window import HostWindow
 from codepool.worker.job import BatchRunner, CodepoolJob
 from codepool.worker.lease import LeaseKeeper
@@ -186,14 +186,8 @@ def main(argv: list[str]) -> int:
     block_s = WORKER_TTL_S - 15
     conn = redis_client(settings, block_s=block_s)
     executor = AttachedExecutor(config.socket_path, name=config.host)
-    stats = CounterBuffer(
-        conn,
-        settings.keys,
-        config.host,
-        owner=config.name,
-        flush_s=settings.stats_flush_s,
-        minute_ttl_s=settings.minute_stats_ttl_s,
-        batch_ttl_s=settings.batch_ttl_s,
+    finished = FinishedBatches(
+        conn, settings.keys, owner=config.name, flush_s=settings.stats_flush_s
     )
     window = HostWindow(
         os.path.join(config.host_dir, WINDOW_FILE),
@@ -222,13 +216,19 @@ def main(argv: list[str]) -> int:
         on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
     )
     writer = ResultWriter(
-        conn, settings.keys, stats, settings.batch_ttl_s, lease, write_gap_s=settings.write_gap_s
+        conn,
+        settings.keys,
+        settings.batch_ttl_s,
+        lease,
+        worker=config.host,
+        minute_ttl_s=settings.minute_stats_ttl_s,
+        write_gap_s=settings.write_gap_s,
     )
     worker.runner = BatchRunner(
         executor=executor,
         conn=conn,
         settings=settings,
-        stats=stats,
+        finished=finished,
         max_limits=Limits.from_dict(config.max_limits),
         stop_requested=lambda: bool(worker._stop_requested),
         writer=writer,
@@ -236,14 +236,14 @@ def main(argv: list[str]) -> int:
         window=window,
     )
     lease.start()
-    stats.start()
+    finished.start()
     try:
         # RQ logs several INFO lines per job; one per batch (ours) is enough.
         rq_level = "DEBUG" if config.log_level == "DEBUG" else "WARNING"
         worker.work(burst=config.burst, logging_level=rq_level)
     finally:
         writer.close()
-        stats.stop()
+        finished.stop()
         lease.stop()
         executor.close()
         worker.turn.close()

@@ -39,8 +39,8 @@ from codepool.common.wire import (
     decode_announcement,
     peek_batch_id,
 )
-from codepool.worker.counter_buffer import CounterBuffer
 from codepool.worker.engine.client import SupervisorClient
+from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host_window import HostWindow
 from codepool.worker.lease import LeaseKeeper
 from codepool.worker.writer import ResultWriter
@@ -94,7 +94,8 @@ class CodepoolJob(Job):
 
 
 class BatchRunner:
-    """Runs announced batches for one dispatcher: claims in, Redis results and stats out.
+    """Runs announced batches for one dispatcher: claims in, Redis results (and their
+    counts) out.
 
     window: this dispatcher's view of the host's slots: how many snippets it may keep
         in the executor at once (its share, plus what its siblings leave free).
@@ -106,7 +107,7 @@ class BatchRunner:
         executor: SupervisorClient,
         conn: redis.Redis,
         settings: Settings,
-        stats: CounterBuffer,
+        finished: FinishedBatches,
         max_limits: Limits,
         stop_requested: Callable[[], bool],
         writer: ResultWriter,
@@ -117,7 +118,7 @@ class BatchRunner:
         self.conn = conn
         self.settings = settings
         self.keys = settings.keys
-        self.stats = stats
+        self.finished = finished
         self.max_limits = max_limits
         self.stop_requested = stop_requested
         self.writer = writer
@@ -384,5 +385,5 @@ class BatchExecution:
                     released,
                     self.batch_id,
                 )
-            runner.stats.batch_done(self.batch_id, self.run)
+            runner.finished.batch_done(self.batch_id)
         return {"batch": self.batch_id, "ran": self.ran}

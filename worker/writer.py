@@ -15,10 +15,11 @@ A result is the writer's from the moment it takes it: the dispatcher's window fr
 slot then (``BatchExecution.taken``), so a gathered result never idles a slot, while a
 write that waits for Redis or for the lease takes nothing more and so holds the window
 full, as before. First write wins (HSETNX), and only a first write pushes the done-list
-entry and is counted, so neither the done list nor the counters ever hold an index
-twice. Nothing is written while the dispatcher's lease may have lapsed (after a freeze
-or a partition) until a heartbeat says it still holds; a dispatcher that lost its lease
-drops its late results, since they were released to run elsewhere.
+entry and is counted, in the same script call (common/tally.py), so neither the done
+list nor the counters ever hold an index twice. Nothing is written while the
+dispatcher's lease may have lapsed (after a freeze or a partition) until a heartbeat
+says it still holds; a dispatcher that lost its lease drops its late results, since
+they were released to run elsewhere.
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from codepool.common import codec
 from codepool.common.keys import Keys
 from codepool.common.ledger import write_script
 from codepool.common.result import ExecResult
 from codepool.common.retry import retry_until
-from codepool.worker.counter_buffer import CounterBuffer
+from codepool.common.tally import write_calls
 from codepool.worker.lease import LeaseKeeper
 
 if TYPE_CHECKING:
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 512
-WRITE_CHUNK = 128  # results per script call (Lua's unpack stays well inside its stack)
 RETRY_FOR_S = 60.0
 
 _Item = tuple["BatchExecution", int, ExecResult]
@@ -63,7 +62,7 @@ _Groups = dict["BatchExecution", list[tuple[int, ExecResult]]]
 
 
 class ResultWriter:
-    """One writer thread per dispatcher.
+    """One writer thread per dispatcher of worker host ``worker`` (its counter hash).
 
     write_gap_s: while results stream in, at most one write per this many seconds
         (0: write whatever has arrived as soon as the writer is free).
@@ -73,15 +72,17 @@ class ResultWriter:
         self,
         conn: redis.Redis,
         keys: Keys,
-        stats: CounterBuffer,
         batch_ttl_s: int,
         lease: LeaseKeeper,
         *,
+        worker: str,
+        minute_ttl_s: int,
         write_gap_s: float,
     ) -> None:
         self.conn = conn
         self.keys = keys
-        self.stats = stats
+        self.worker = worker
+        self.minute_ttl_s = minute_ttl_s
         self.batch_ttl_s = batch_ttl_s
         self.lease = lease
         self.write_gap_s = write_gap_s
@@ -192,33 +193,33 @@ class ResultWriter:
             execution.written(len(results))
 
     def _write(self, groups: _Groups) -> None:
+        calls_per_group: list[int] = []
         with self.conn.pipeline(transaction=False) as pipe:
             for execution, results in groups.items():
-                results_key = self.keys.batch_results(execution.batch_id)
-                done_key = self.keys.batch_done(execution.batch_id)
-                for start in range(0, len(results), WRITE_CHUNK):
-                    args: list[object] = [self.batch_ttl_s]
-                    for index, result in results[start : start + WRITE_CHUNK]:
-                        blob = codec.encode_result(result)
-                        args += [index, blob, codec.encode_done_entry(index, blob)]
-                    write_script.queue(pipe, [results_key, done_key], args)
+                group_calls = write_calls(
+                    self.keys,
+                    execution.batch_id,
+                    results,
+                    worker=self.worker,
+                    run=execution.run,
+                    batch_ttl_s=self.batch_ttl_s,
+                    minute_ttl_s=self.minute_ttl_s,
+                )
+                for call_keys, args in group_calls:
+                    write_script.queue(pipe, call_keys, args)
+                calls_per_group.append(len(group_calls))
             try:
                 replies = pipe.execute()
             except redis.exceptions.NoScriptError:
                 write_script.load(self.conn)
                 raise redis.RedisError("script was not loaded; loaded it again") from None
         position = 0
-        for execution, results in groups.items():
+        for (execution, results), calls in zip(groups.items(), calls_per_group, strict=True):
             firsts: list[int] = []
-            for _ in range(0, len(results), WRITE_CHUNK):
-                firsts += replies[position]
-                position += 1
-            late = 0
-            for (index, result), first in zip(results, firsts, strict=True):
-                if first:
-                    self.stats.record(execution.batch_id, execution.run, index, result)
-                else:
-                    late += 1
+            for reply in replies[position : position + calls]:
+                firsts += reply
+            position += calls
+            late = len(results) - sum(firsts)
             if late:
                 log.info(
                     "batch %s: %d late results dropped, already written by another run",

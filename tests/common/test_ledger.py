@@ -1,5 +1,6 @@
 """The batch ledger's scripts against a real redis-server: claims spread a batch, a lapsed
-dispatcher's unfinished work is released (once), and counts are taken once per index."""
+dispatcher's unfinished work is released (once), and results are counted once, with
+their first write."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from codepool.common.ledger import (
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult
 from codepool.common.settings import Settings
-from codepool.common.tally import BatchCounts, count_hashes, count_results
+from codepool.common.tally import count_hashes, write_calls
 from codepool.common.wire import BatchJob, new_batch_id
 
 
@@ -65,11 +66,32 @@ def _beat(
     return list(heartbeat_script(conn, keys, [owner, settings.lease_s, "1", host]))
 
 
+def _write_many(
+    conn: redis.Redis,
+    settings: Settings,
+    batch_id: str,
+    results: list[tuple[int, ExecResult]],
+    *,
+    worker: str = "w1",
+    run: str = "r",
+) -> list[int]:
+    firsts: list[int] = []
+    for call_keys, args in write_calls(
+        settings.keys,
+        batch_id,
+        results,
+        worker=worker,
+        run=run,
+        batch_ttl_s=settings.batch_ttl_s,
+        minute_ttl_s=60,
+    ):
+        firsts += write_script(conn, call_keys, args)
+    return firsts
+
+
 def _write(conn: redis.Redis, settings: Settings, batch_id: str, index: int) -> int:
-    blob = codec.encode_result(ExecResult(True, f"{index}\n", "", 0, False, 0.01))
-    keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
-    entry = codec.encode_done_entry(index, blob)
-    return int(write_script(conn, keys, [settings.batch_ttl_s, index, blob, entry])[0])
+    result = ExecResult(True, f"{index}\n", "", 0, False, 0.01)
+    return _write_many(conn, settings, batch_id, [(index, result)])[0]
 
 
 def test_claims_cover_every_index_once_and_shrink_as_the_batch_drains(redis_url: str) -> None:
@@ -117,7 +139,7 @@ def test_a_lapsed_dispatchers_unfinished_work_is_released_once(redis_url: str) -
     keys = [settings.keys.leases(), settings.keys.hosts()]
     assert heartbeat_script(conn, keys, ["dead", 5.0, "0", "h"])[0] == -1
     assert _claim(conn, settings, batch_id, "dead", 1) is None
-    # The three it finished were counted by the janitor, once.
+    # The three it finished were counted as they were written, and only then.
     assert counters.parse(conn.hgetall(settings.keys.stats()))["calls"] == 3
     # A late write for an index already written is dropped.
     assert _write(conn, settings, batch_id, 0) == 0
@@ -141,7 +163,7 @@ def test_a_snippet_lost_too_often_comes_back_infra(redis_url: str) -> None:
     assert counters.parse(conn.hgetall(settings.keys.stats()))["infra"] == 1
 
 
-def test_redis_side_counting_matches_the_python_counters_and_never_counts_twice(
+def test_the_write_counts_what_python_counts_once_per_index_however_often_written(
     redis_url: str,
 ) -> None:
     conn = redis.Redis.from_url(redis_url)
@@ -150,51 +172,32 @@ def test_redis_side_counting_matches_the_python_counters_and_never_counts_twice(
         (i, ExecResult(i % 3 == 0, "", "", 0, False, 0.001 * 7**i, status=s, exec_s=0.002 * i))
         for i, s in enumerate(["ok", "error", "timeout", "ok", "memory", "ok"])
     ]
+    results[5] = (5, results[5][1].replace(zygote="bare"))
     expected: Counter[str] = Counter()
     for _, result in results:
         expected.update(counters.count(result))
-    hashes = count_hashes(settings.keys, "w1", "run1")
-
-    def count(*batches: BatchCounts) -> int:
-        return count_results(
-            conn,
-            settings.keys,
-            owner="w1.0",
-            hashes=hashes,
-            batches=batches,
-            batch_ttl_s=60,
-            minute_ttl_s=60,
-        )
-
-    assert count(BatchCounts("b1", results[:4])) == 4
-    # A retried flush with the same results, plus new ones (and another batch), adds
-    # only the new ones.
-    assert count(BatchCounts("b1", results), BatchCounts("b2", results[:1])) == 3
+    assert _write_many(conn, settings, "b1", results[:4], run="run1") == [1, 1, 1, 1]
+    # A retried write of the same results, plus new ones, counts only the new ones; so
+    # does the first of another batch.
+    assert _write_many(conn, settings, "b1", results, run="run1") == [0, 0, 0, 0, 1, 1]
+    assert _write_many(conn, settings, "b2", results[:1], run="run1") == [1]
     expected.update(counters.count(results[0][1]))
+    hashes = count_hashes(settings.keys, "w1", "run1")
     for key in hashes:
         got = counters.parse(conn.hgetall(key))
         assert got == {field: value for field, value in expected.items() if value}, key
     assert 0 < conn.ttl(hashes[1]) <= 60  # the minute hash expires
+    assert got["zygote_bare"] == 1
 
 
-def test_a_large_flush_is_split_and_leaves_the_owners_set_once_done(redis_url: str) -> None:
+def test_a_large_write_is_split_into_calls_and_counted_whole(redis_url: str) -> None:
     conn = redis.Redis.from_url(redis_url)
     settings = _settings(redis_url)
-    keys = settings.keys
-    conn.sadd(keys.owner_batches("w1.0"), "big")
     result = ExecResult(True, "", "", 0, False, 0.01)
-    counted = count_results(
-        conn,
-        keys,
-        owner="w1.0",
-        hashes=count_hashes(keys, "w1", ""),
-        batches=[BatchCounts("big", [(i, result) for i in range(1234)], done=True)],
-        batch_ttl_s=60,
-        minute_ttl_s=60,
-    )
-    assert counted == 1234
-    assert counters.parse(conn.hgetall(keys.stats()))["calls"] == 1234
-    assert conn.smembers(keys.owner_batches("w1.0")) == set()
+    firsts = _write_many(conn, settings, "big", [(i, result) for i in range(1234)], run="")
+    assert firsts == [1] * 1234
+    assert counters.parse(conn.hgetall(settings.keys.stats()))["calls"] == 1234
+    assert conn.llen(settings.keys.batch_done("big")) == 1234
 
 
 def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
@@ -205,15 +208,12 @@ def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
     batch_id = new_batch_id()
     keys = [settings.keys.batch_results(batch_id), settings.keys.batch_done(batch_id)]
 
-    def args(indices: list[int], text: str) -> list[object]:
-        out: list[object] = [settings.batch_ttl_s]
-        for index in indices:
-            blob = codec.encode_result(ExecResult(True, text, "", 0, False, 0.01))
-            out += [index, blob, codec.encode_done_entry(index, blob)]
-        return out
+    def write(indices: list[int], text: str) -> list[int]:
+        result = ExecResult(True, text, "", 0, False, 0.01)
+        return _write_many(conn, settings, batch_id, [(i, result) for i in indices])
 
-    assert write_script(conn, keys, args([0, 1, 2], "first")) == [1, 1, 1]
-    assert write_script(conn, keys, args([2, 3], "second")) == [0, 1]
+    assert write([0, 1, 2], "first") == [1, 1, 1]
+    assert write([2, 3], "second") == [0, 1]
     done = [codec.decode_done_entry(e) for e in conn.lrange(keys[1], 0, -1)]
     assert [(i, r.stdout) for i, r in done] == [
         (0, "first"),
@@ -227,9 +227,9 @@ def test_one_write_call_takes_many_results_and_the_first_write_of_each_wins(
     ttl_s = settings.batch_ttl_s
     assert 0 < conn.ttl(keys[0]) <= ttl_s and 0 < conn.ttl(keys[1]) <= ttl_s
     conn.delete(keys[1])
-    assert write_script(conn, keys, args([3], "again")) == [0]
+    assert write([3], "again") == [0]
     assert not conn.exists(keys[1])
-    assert write_script(conn, keys, args([4], "third")) == [1]
+    assert write([4], "third") == [1]
     assert 0 < conn.ttl(keys[1]) <= ttl_s
 
 

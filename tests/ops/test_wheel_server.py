@@ -29,10 +29,10 @@ from tests.conftest import StartWorker, wait_until
 # What a worker, a producer, rq info and doctor send; each must reach the server and
 # run there (commands called inside the Lua scripts count too).
 EXPECTED_COMMANDS = {
-    "evalsha",  # codepool's scripts: store, claim, write, heartbeat, count
+    "evalsha",  # codepool's scripts: store, claim, write, heartbeat
     "script|load",
     "hsetnx",  # inside the result-write script
-    "bitfield",  # inside the counting script
+    "hincrby",  # inside it too: the counting of first writes
     "time",  # inside the lease scripts
     "blmpop",  # the producer collects results
     "blmove",  # RQ's reliable dequeue

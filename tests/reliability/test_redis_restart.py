@@ -49,7 +49,8 @@ def test_run_completes_across_a_redis_restart(
     results = batch.results(timeout_s=90)
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
     assert pool.submit(["print('after')"]).results(timeout_s=60)[0].stdout == "after\n"
-    # The counter flusher rode it out too: every snippet is counted, none twice.
+    # The writes (and the counting in them) rode it out too: every snippet is counted,
+    # none twice.
     wait_until(lambda: pool.counters().get("calls", 0) >= n + 1, what="all counted")
     assert pool.counters().get("calls") == n + 1 and pool.counters().get("ok") == n + 1
     assert worker.process.poll() is None

@@ -53,8 +53,8 @@ def test_batch_survives_its_worker_host_being_killed(
     assert sorted(seen) == list(range(n)), "every index exactly once"
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
     assert {r.worker for r in results} == {"doomed", "survivor"}
-    # Counted exactly once each: what the killed host wrote but never flushed is counted
-    # by the janitor that recovered it.
+    # Counted exactly once each: what the killed host wrote was counted with its write,
+    # and the reruns of what it had not finished add only their own first writes.
     deadline = time.monotonic() + 30
     while pool.counters().get("calls", 0) < n and time.monotonic() < deadline:
         time.sleep(0.1)
