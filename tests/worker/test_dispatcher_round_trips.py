@@ -1,7 +1,9 @@
 """RQ's per-job bookkeeping in a dispatcher costs few round trips: a worker heartbeat is
 one pipeline (the worker's state in it) and is not repeated within ten seconds, a state
 RQ sets again unchanged is not sent, IDLE rides with the next heartbeat, and the job
-heartbeat RQ sends for callbacks codepool never has is not sent; Redis holds the same."""
+heartbeat RQ sends for callbacks codepool never has is not sent; a job is readied in one
+round trip rather than two, and the heartbeat right after a job rides with the next;
+Redis holds the same."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import redis
 from rq import Queue
+from rq.suspension import is_suspended
 from rq.worker import WorkerStatus
 
 from codepool.common.codec import MsgpackSerializer
@@ -27,24 +30,26 @@ class CountingConnection(redis.connection.Connection):
         super().send_packed_command(command, check_health)
 
 
-def test_heartbeats_and_repeated_states_cost_one_round_trip(redis_url: str) -> None:
+def round_trips(action: Any) -> int:
+    before = CountingConnection.sends
+    action()
+    return CountingConnection.sends - before
+
+
+def _counted(redis_url: str, name: str) -> tuple[redis.Redis, Queue, Dispatcher]:
+    """A dispatcher on a connection that counts its round trips."""
     pool = redis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
     conn = redis.Redis(connection_pool=pool)
     queue = Queue("codepool", connection=conn, serializer=MsgpackSerializer)
     worker = Dispatcher(
-        [queue],
-        connection=conn,
-        name="counted",
-        serializer=MsgpackSerializer,
-        job_class=CodepoolJob,
+        [queue], connection=conn, name=name, serializer=MsgpackSerializer, job_class=CodepoolJob
     )
     conn.ping()
+    return conn, queue, worker
 
-    def round_trips(action: Any) -> int:
-        before = CountingConnection.sends
-        action()
-        return CountingConnection.sends - before
 
+def test_heartbeats_and_repeated_states_cost_one_round_trip(redis_url: str) -> None:
+    conn, queue, worker = _counted(redis_url, "counted")
     assert round_trips(worker.heartbeat) == 1
     assert conn.hget(worker.key, "last_heartbeat") and conn.ttl(worker.key) > 0
     assert conn.hget(worker.key, "state") == b"starting"
@@ -70,4 +75,33 @@ def test_heartbeats_and_repeated_states_cost_one_round_trip(redis_url: str) -> N
     job = CodepoolJob.create(JOB_FUNCTION, connection=conn, serializer=MsgpackSerializer)
     assert round_trips(lambda: worker.handle_execution_ended(job, queue, 60)) == 0
     assert job.ended_at is not None
+    conn.close()
+
+
+def test_a_job_is_readied_in_one_round_trip_and_its_end_beats_once(redis_url: str) -> None:
+    conn, queue, worker = _counted(redis_url, "readied")
+    worker.register_birth()
+    job = queue.enqueue_call(JOB_FUNCTION, args=(b"announcement",))
+    # As RQ's dequeue leaves it: on the intermediate list until the job is readied.
+    conn.lmove(queue.key, queue.intermediate_queue_key)
+    executions: list[Any] = []
+    assert round_trips(lambda: executions.append(worker.prepare_execution(job))) == 1
+    assert round_trips(lambda: worker.prepare_job_execution(job, True)) == 0
+    # Redis holds what RQ's two round trips would have left.
+    assert conn.hget(job.key, "status") == b"started"
+    assert conn.hget(worker.key, "state") == b"busy"
+    assert job.id in queue.started_job_registry.get_job_ids()
+    assert conn.lrange(queue.intermediate_queue_key, 0, -1) == []
+    assert conn.ttl(job.key) == -1  # persisted while it runs
+    assert conn.exists(executions[0].key)
+    # A job that prepare_execution did not ready is readied as RQ does it.
+    other = queue.enqueue_call(JOB_FUNCTION, args=(b"another",))
+    assert round_trips(lambda: worker.prepare_job_execution(other, False)) == 1
+    assert conn.hget(other.key, "status") == b"started"
+    # After a job, RQ's own heartbeat waits for the suspension check's, which says IDLE.
+    worker.set_state(WorkerStatus.IDLE)
+    worker._beat_rides_next = True
+    assert round_trips(worker.heartbeat) == 0
+    assert round_trips(lambda: is_suspended(conn, worker)) == 1
+    assert conn.hget(worker.key, "state") == b"idle"
     conn.close()
