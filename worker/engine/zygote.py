@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib
+import logging
 import os
 import socket
 import sys
@@ -28,6 +29,8 @@ from codepool.worker.engine.protocol import CLONE_REPLY, CLONE_REQUEST
 from codepool.worker.engine.warmup import warm_up
 
 CLONE_PARENT = 0x00008000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,10 @@ def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepar
         if config.bare:
             # Nothing preloaded, so nothing to reseed: the bare image imports no generator.
             arguments = native.serve_arguments(control.fileno(), flags, plan, [])
-            bare.become(arguments, [control.fileno(), *plan.guard.fd_range])
+            try:
+                bare.become(arguments, [control.fileno(), *plan.guard.fd_range])
+            except OSError as exc:  # it serves from this image instead, only slower
+                log.warning("the bare zygote serves from its full image: %s", exc)
         serve_natively(control, flags, ready)
         return
     while True:
