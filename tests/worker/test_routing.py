@@ -4,6 +4,9 @@ from the heavy one."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from codepool.common import counters
@@ -140,3 +143,19 @@ def test_one_zygote_when_asked_and_the_bare_one_beside_an_image_without_preload(
     with LocalExecutor(concurrency=1, mode="spawn") as ex:
         r = ex.run("print(1)")
         assert (r.ok, r.zygote) == (True, "")
+
+
+def test_every_zygote_starts_where_the_c_extension_was_not_built() -> None:
+    """Without a compiler at install time there is no _nativechild: the zygote and the
+    supervisor still import (and say why there is no C set-up)."""
+    blocked = (
+        "import sys\n"
+        "sys.modules['codepool.worker.engine._nativechild'] = None\n"
+        "from codepool.worker.engine import bare, native, supervisor, zygote\n"
+        "print(native.unavailable_here())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "not built" in out.stdout

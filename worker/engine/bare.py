@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from codepool.worker.engine import _nativechild, snippet
+from codepool.worker.engine import snippet
 
 BOOT = "from codepool.worker.engine import bare; bare.main()"
 SETUP_FAILED_EXIT = 126  # child.SETUP_FAILED_EXIT (child.py is not in this image)
@@ -48,6 +48,9 @@ def become(arguments: dict[str, Any], keep_fds: list[int]) -> NoReturn:
 def main() -> NoReturn:
     """The bare image's loop: in the zygote until the supervisor goes, in each child
     the snippet."""
+    # Here, not at the top: every zygote imports this module, built extension or not.
+    from codepool.worker.engine import _nativechild
+
     carrier = int(sys.argv[1])
     arguments = marshal.loads(os.pread(carrier, 1 << 24, 0))
     os.close(carrier)
