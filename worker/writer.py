@@ -215,11 +215,9 @@ class ResultWriter:
                 raise redis.RedisError("script was not loaded; loaded it again") from None
         position = 0
         for (execution, results), calls in zip(groups.items(), calls_per_group, strict=True):
-            firsts: list[int] = []
-            for reply in replies[position : position + calls]:
-                firsts += reply
+            firsts = sum(sum(reply) for reply in replies[position : position + calls])
             position += calls
-            late = len(results) - sum(firsts)
+            late = len(results) - firsts
             if late:
                 log.info(
                     "batch %s: %d late results dropped, already written by another run",

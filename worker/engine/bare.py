@@ -26,7 +26,6 @@ from typing import Any, NoReturn
 from codepool.worker.engine import snippet
 
 BOOT = "from codepool.worker.engine import bare; bare.main()"
-SETUP_FAILED_EXIT = 126  # child.SETUP_FAILED_EXIT (child.py is not in this image)
 
 
 def become(arguments: dict[str, Any], keep_fds: list[int]) -> NoReturn:
@@ -39,10 +38,14 @@ def become(arguments: dict[str, Any], keep_fds: list[int]) -> NoReturn:
         # A user namespace's owner keeps its uid, so execve would drop its capabilities.
         linux.keep_capabilities_across_exec()
     carrier = os.memfd_create("codepool-bare")
-    os.write(carrier, marshal.dumps(arguments))
-    for fd in [carrier, *keep_fds]:
-        os.set_inheritable(fd, True)
-    os.execv(sys.executable, [sys.executable, "-P", "-B", "-c", BOOT, str(carrier)])
+    try:
+        os.write(carrier, marshal.dumps(arguments))
+        for fd in [carrier, *keep_fds]:
+            os.set_inheritable(fd, True)
+        os.execv(sys.executable, [sys.executable, "-P", "-B", "-c", BOOT, str(carrier)])
+    except OSError:
+        os.close(carrier)  # the caller serves from this image
+        raise
 
 
 def main() -> NoReturn:
@@ -64,7 +67,7 @@ def main() -> NoReturn:
     payload, flags = got
     if flags < 0:  # a request with inputs: never routed here
         os.write(2, b"codepool: a request with inputs reached the bare zygote\n")
-        os._exit(SETUP_FAILED_EXIT)
+        os._exit(snippet.SETUP_FAILED_EXIT)
     snippet.run_snippet(payload, auto_print=bool(flags & 1), rich=bool(flags & 2))
 
 

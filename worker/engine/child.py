@@ -28,7 +28,6 @@ from codepool.worker.engine import cells, inputs, isolation, landlock, linux, se
 
 REQUEST_FD = 3
 READY = b"R"
-SETUP_FAILED_EXIT = 126
 MAX_OPEN_FILES = 256
 
 
@@ -137,7 +136,7 @@ def _setup_failed() -> NoReturn:
     try:
         os.write(2, traceback.format_exc().encode("utf-8", "replace"))
     finally:
-        os._exit(SETUP_FAILED_EXIT)
+        os._exit(snippet.SETUP_FAILED_EXIT)
 
 
 # What a child may write and read besides the plan's read-only paths: with a PID

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import TextIO
 
 CODE_FD = 3
+SETUP_FAILED_EXIT = 126  # a child whose set-up failed before the user's first line
 RECORD_FD = 4  # spawn mode, notebook cells: where each cell's record goes (see cells.py)
 
 
