@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 WORKER_TTL_S = 35
 # A heartbeat RQ sends within this long of the last is not sent.
 HEARTBEAT_REPEAT_S = 10.0
+# At most this long after a job's first snippets start, its dispatcher passes the listen
+# turn on and lets RQ ready the job, even if no result is written yet (execute_job).
+QUIET_START_S = 0.005
 # In the worker host's private dir: the dispatchers' shared counts and listen turn.
 WINDOW_FILE = "window"
 TURN_FILE = "listen-turn"
@@ -153,7 +156,14 @@ class Dispatcher(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         try:
-            self._start_job(job)
+            waiting = self._start_job(job)
+            execution = job.execution if isinstance(job, CodepoolJob) else None
+            if execution is not None and not waiting:
+                # The sibling's wake-up to wait on the queue, and RQ's bookkeeping for
+                # this job, would take a core from the first snippets: with no other
+                # announcement waiting, both wait for their first results (a lone call
+                # on an idle host). One that comes meanwhile waits at most this long.
+                execution.settle(QUIET_START_S)
         finally:
             if self.turn is not None:
                 self.turn.give_back()
@@ -188,7 +198,9 @@ class Dispatcher(SimpleWorker):
             return
         super().prepare_job_execution(job, remove_from_intermediate_queue)
 
-    def _start_job(self, job: Job) -> None:
+    def _start_job(self, job: Job) -> int:
+        """Claim and start the job's first snippets; returns how many announcements
+        wait on the queue behind it."""
         if job.func_name != JOB_FUNCTION:
             log.error(
                 "refusing job %s: it names %r, not codepool's job function", job.id, job.func_name
@@ -203,10 +215,15 @@ class Dispatcher(SimpleWorker):
             # Redis learns it with the first claim, in one round trip.
             with self.connection.pipeline(transaction=False) as first:
                 self.set_state(WorkerStatus.BUSY, pipeline=first)
+                first.llen(self.queues[0].key)
                 # Snippets start now and run while RQ does its per-job bookkeeping.
                 job.execution = self.runner.prestart(job, pipeline=first)
                 if len(first):  # no claim was made: the state goes on its own
-                    first.execute()
+                    replies = first.execute()
+                else:  # empty if the claim's script had to be loaded again
+                    replies = job.execution.before_claim if job.execution is not None else []
+                return int(replies[-1]) if replies else 0
+        return 0
 
 
 def main(argv: list[str]) -> int:

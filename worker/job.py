@@ -190,6 +190,7 @@ class BatchExecution:
         self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
         self._nudged = False  # told the writer this execution expects no more
         self._first_claim_with: Pipeline | None = None
+        self.before_claim: list[Any] = []  # replies to what that pipeline held before it
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -243,7 +244,7 @@ class BatchExecution:
         else:
             claim_script.queue(pipeline, claim_keys, args)
             try:
-                reply = pipeline.execute()[-1]
+                *self.before_claim, reply = pipeline.execute()
             except redis.exceptions.NoScriptError:
                 # What came before the claim went through; the claim is made again.
                 claim_script.load(runner.conn)
@@ -350,6 +351,25 @@ class BatchExecution:
         except Exception as exc:  # the executor's own failure: the snippet is not lost
             result = infra(f"codepool: executor failed: {exc}", worker=self.runner.executor.name)
         self.runner.writer.put(self, index, result)
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait until the first results are written, at most ``timeout_s``, starting
+        more as the writer takes results (finish() then goes on from here)."""
+        end = time.monotonic() + timeout_s
+        while self.unwritten and not self.ran:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                note = self._notes.get(timeout=left)
+            except queue.Empty:
+                return
+            if isinstance(note, BaseException):
+                self._notes.put(note)  # for finish() to raise
+                return
+            self.unwritten -= note
+            self.ran += note
+            self.fill()
 
     def finish(self) -> dict[str, Any]:
         runner, job = self.runner, self.job

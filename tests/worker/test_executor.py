@@ -237,6 +237,20 @@ def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
     assert_nothing_left(executor)
 
 
+def test_the_waiting_childs_warm_up_leaves_no_trace(executor: LocalExecutor) -> None:
+    # A forked child compiles and runs a small snippet while it waits for its request
+    # (snippet.warm_up); the snippet then finds what a fresh interpreter would (spawn
+    # mode runs none), whichever zygote it comes from.
+    code = (
+        "import sys, builtins\n"
+        "print(sorted(globals()), 'value' in vars(builtins), len(sys.modules['linecache'].cache))"
+    )
+    fresh = "['__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__'"
+    plain, heavy = executor.run_many([code, "import numpy\n" + code])
+    assert plain.stdout == fresh + ", 'builtins', 'sys'] False 0\n", plain
+    assert heavy.stdout == fresh + ", 'builtins', 'numpy', 'sys'] False 0\n", heavy
+
+
 def test_generators_are_reseeded_in_c_where_their_layout_checks_out() -> None:
     with LocalExecutor(concurrency=1, mode="fork", preload=("numpy",)) as ex:
         line = _child_setup_line(ex)

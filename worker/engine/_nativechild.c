@@ -102,6 +102,7 @@ struct plan {
     uint32_t *mt_keys[MAX_GENERATORS];
     int *mt_positions[MAX_GENERATORS];
     int ngenerators;
+    PyObject *warm; /* called in each waiting child before it reads its request, or NULL */
 };
 
 static void fail(const char *what, int err) {
@@ -342,6 +343,13 @@ static PyObject *child(const struct plan *p, int control, int uid, int fds[3]) {
     drop_privileges(p, uid);
     check(chdir(p->workdir), "chdir");
     restrict_self(p);
+    if (p->warm != NULL) {
+        /* What it copies on write is copied now, while no request waits for it. */
+        PyObject *ignored = PyObject_CallNoArgs(p->warm);
+        if (ignored == NULL)
+            PyErr_Clear();
+        Py_XDECREF(ignored);
+    }
 
     unsigned char head[HEAD_SIZE];
     if (!read_full(REQUEST_FD, (char *)head, HEAD_SIZE))
@@ -519,7 +527,7 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         "control", "clone_flags", "spawn", "tmpfs_options", "roots", "binds", "workdir",
         "last_cap", "nproc_headroom", "vm_baseline", "abi", "handled_fs", "handled_net",
         "scoped", "attr_size", "read_only", "file_only", "rules", "fd_range",
-        "writable", "readable", "seccomp", "generators", NULL};
+        "writable", "readable", "seccomp", "generators", "warm", NULL};
     (void)self;
     static struct plan p; /* static: a child's C stack stays small */
     int control, spawn, abi;
@@ -529,23 +537,26 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         file_only;
     Py_ssize_t attr_size;
     int fd_first, fd_stop;
-    PyObject *roots, *binds, *rules, *writable, *readable, *generators;
+    PyObject *roots, *binds, *rules, *writable, *readable, *generators, *warm = Py_None;
     const char *tmpfs_options, *workdir;
     Py_buffer filter = {0};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "ikpsOOsilKiKKKnKKO(ii)OOy*O:serve", names, &control, &clone_flags,
+            args, kwargs, "ikpsOOsilKiKKKnKKO(ii)OOy*O|O:serve", names, &control, &clone_flags,
             &spawn, &tmpfs_options, &roots, &binds, &workdir, &p.last_cap, &nproc_headroom,
             &vm_baseline, &abi, &handled_fs, &handled_net, &scoped, &attr_size,
             &read_only, &file_only, &rules, &fd_first, &fd_stop, &writable, &readable,
-            &filter, &generators))
+            &filter, &generators, &warm))
         return NULL;
     if (filter.len % sizeof(struct sock_filter) ||
         filter.len / sizeof(struct sock_filter) > BPF_MAXINSNS ||
-        (size_t)attr_size > sizeof(struct ruleset_attr)) {
+        (size_t)attr_size > sizeof(struct ruleset_attr) ||
+        (warm != Py_None && !PyCallable_Check(warm))) {
         PyBuffer_Release(&filter);
-        PyErr_SetString(PyExc_ValueError, "malformed seccomp program or Landlock attr size");
+        PyErr_SetString(PyExc_ValueError,
+                        "malformed seccomp program or Landlock attr size, or warm not callable");
         return NULL;
     }
+    p.warm = warm == Py_None ? NULL : warm; /* the caller's reference outlives serve */
     p.clone_flags = clone_flags;
     p.spawn = spawn;
     p.tmpfs_options = tmpfs_options;
@@ -618,7 +629,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
 
 /* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
  * stale build (an in-place .so left from an older checkout) instead of crashing. */
-#define NATIVE_ABI 3
+#define NATIVE_ABI 4
 
 PyMODINIT_FUNC PyInit__nativechild(void) {
     PyObject *m = PyModule_Create(&module);

@@ -1,5 +1,7 @@
 # The C extension built from _nativechild.c (see native.py).
 
+from collections.abc import Callable
+
 ABI: int
 
 def serve(
@@ -27,5 +29,6 @@ def serve(
     readable: list[str],
     seccomp: bytes,
     generators: list[tuple[int, int]],
+    warm: Callable[[], object] | None = None,
 ) -> tuple[bytes, int] | None: ...
 def write_state(key_address: int, position_address: int, key: bytes, /) -> None: ...

@@ -74,6 +74,8 @@ def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> No
         if plan.fresh is not None:
             snippet.prepare(plan.fresh)
         _restrict(plan, cwd)
+        if plan.mode == "fork":
+            snippet.warm_up()
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from codepool.worker.engine import child, isolation, landlock, linux
+from codepool.worker.engine import child, isolation, landlock, linux, snippet
 from codepool.worker.engine.child import ChildPlan
 
 _module: ModuleType | None
@@ -31,7 +31,7 @@ except ImportError:  # built where a compiler was; see setup.py
     _module = None
 
 
-ABI = 3  # _nativechild.c's NATIVE_ABI
+ABI = 4  # _nativechild.c's NATIVE_ABI
 
 
 def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str | None:
@@ -128,7 +128,7 @@ def serve(
     gone; in each child, what child.native_child_main takes. ``seeds``: generators()."""
     assert _module is not None
     result: tuple[bytes, int] | None = _module.serve(
-        **serve_arguments(control.fileno(), clone_flags, plan, seeds)
+        **serve_arguments(control.fileno(), clone_flags, plan, seeds), warm=snippet.warm_up
     )
     return result
 

