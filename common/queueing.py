@@ -14,6 +14,8 @@ import uuid
 import redis
 from redis.client import Pipeline
 from rq import Queue
+from rq.job import Job
+from rq.utils import now
 
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.settings import Settings
@@ -33,6 +35,20 @@ def announcements_for(size: int, live_hosts: int) -> int:
     return max(1, min(live_hosts, math.ceil(size / MIN_SHARE)))
 
 
+def announcement(queue: Queue, settings: Settings, batch_id: str) -> Job:
+    """One announcement of a batch, not enqueued yet (a producer makes its next batch's
+    ahead of time, see CodePool.submit; RQ takes some 0.1 ms to make one)."""
+    return queue.create_job(
+        JOB_FUNCTION,
+        args=(encode_announcement(batch_id),),
+        job_id=f"{batch_id}-{uuid.uuid4().hex[:8]}",
+        timeout=-1,  # a batch's dispatchers hold leases instead; see worker/lease.py
+        result_ttl=settings.job_result_ttl_s,
+        failure_ttl=settings.job_failure_ttl_s,
+        ttl=settings.batch_ttl_s,
+    )
+
+
 def announce(
     queue: Queue,
     settings: Settings,
@@ -41,28 +57,21 @@ def announce(
     size: int,
     count: int = 1,
     pipeline: Pipeline | None = None,
+    made: Job | None = None,
 ) -> list[str]:
     """Enqueue ``count`` announcements of a batch (on ``pipeline`` if given, else in one
-    round trip of its own); returns their job ids. Descriptions name the batch, never
-    the code, because RQ logs descriptions."""
-    payload = encode_announcement(batch_id)
-    jobs = [
-        queue.create_job(
-            JOB_FUNCTION,
-            args=(payload,),
-            job_id=f"{batch_id}-{uuid.uuid4().hex[:8]}",
-            timeout=-1,  # a batch's dispatchers hold leases instead; see worker/lease.py
-            result_ttl=settings.job_result_ttl_s,
-            failure_ttl=settings.job_failure_ttl_s,
-            ttl=settings.batch_ttl_s,
-            description=f"codepool batch {batch_id} ({size} snippets)",
-        )
-        for _ in range(count)
-    ]
+    round trip of its own); returns their job ids. made: one of them, made beforehand
+    by ``announcement``. Descriptions name the batch, never the code, because RQ logs
+    descriptions."""
+    jobs = [made] if made is not None else []
+    if made is not None:
+        made.created_at = now()  # RQ's, as if it were made now
+    jobs += [announcement(queue, settings, batch_id) for _ in range(count - len(jobs))]
     # One round trip (RQ makes the pipeline a MULTI/EXEC): each job hash is written
     # before its id is pushed, so no worker can pop an unsaved job.
     pipe = pipeline if pipeline is not None else queue.connection.pipeline(transaction=False)
     for job in jobs:
+        job.description = f"codepool batch {batch_id} ({size} snippets)"
         queue.enqueue_job(job, pipeline=pipe)
     if pipeline is None:
         pipe.execute()

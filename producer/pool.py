@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
 
 import redis
+from rq.job import Job
 
 from codepool.common import codec, counters
 from codepool.common.connection import redis_client
@@ -33,7 +34,7 @@ from codepool.common.errors import ConfigError, RedisUnavailable
 from codepool.common.janitor import Janitor
 from codepool.common.ledger import heartbeat_script, submit_script
 from codepool.common.limits import Limits
-from codepool.common.queueing import announce, announcements_for, batch_queue
+from codepool.common.queueing import announce, announcement, announcements_for, batch_queue
 from codepool.common.result import ExecResult, infra
 from codepool.common.retry import pause
 from codepool.common.settings import Settings
@@ -49,6 +50,8 @@ POLL_BLOCK_S = 1.0
 STALL_S = 10.0
 # No lingering once this few results are missing: the end of a batch comes at once.
 LINGER_UNTIL_LEFT = 8
+# Distinct limit overrides a pool remembers the Limits of (then it starts afresh).
+LIMITS_CACHED = 64
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
 NO_WORKER_MESSAGE = (
     "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
@@ -82,6 +85,12 @@ class CodePool:
             self.conn, self.settings, name=f"producer:{socket.gethostname()}:{os.getpid()}"
         )
         self._live: int | None = None  # live hosts, as the last submit saw them
+        # The next batch's id and first announcement, made after the previous submit:
+        # what RQ takes to make one is then not between a lone call and its result.
+        self._spare_lock = threading.Lock()
+        self._spare: tuple[str, Job] | None = None
+        # Limits by overrides: most producers pass the same ones to every submit.
+        self._limits_by_overrides: dict[tuple[Limits, tuple[tuple[str, Any], ...]], Limits] = {}
         self._watch_lock = threading.Lock()
         self._watched_at = -1e9
         self._watched: int | None = None
@@ -125,8 +134,10 @@ class CodePool:
                 f"{per_snippet[0]}= belongs to one snippet: submit Snippet.make(code, "
                 f"{per_snippet[0]}=...) entries"
             )
-        effective = self.limits.with_overrides(**limits)
-        batch_id = new_batch_id()
+        effective = self._limits_with(limits)
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        batch_id, made = spare if spare is not None else (new_batch_id(), None)
         spec = BatchJob.from_codes(batch_id, codes, effective, run, time.time()).encode()
         if len(spec) > self.settings.max_batch_bytes:
             raise ConfigError(
@@ -134,13 +145,35 @@ class CodePool:
             )
         try:
             if codes:
-                self._store_and_announce(batch_id, spec, len(codes), run, reruns)
+                self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
+        if codes:
+            self._make_spare()
         return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s)
 
+    def _limits_with(self, overrides: dict[str, Any]) -> Limits:
+        try:  # keyed by the defaults too: a caller may give the pool new ones
+            key = (self.limits, tuple(sorted(overrides.items())))
+            cached = self._limits_by_overrides.get(key)
+        except TypeError:  # an unhashable value: with_overrides says what is wrong
+            return self.limits.with_overrides(**overrides)
+        if cached is None:
+            cached = self.limits.with_overrides(**overrides)
+            if len(self._limits_by_overrides) >= LIMITS_CACHED:
+                self._limits_by_overrides.clear()
+            self._limits_by_overrides[key] = cached
+        return cached
+
+    def _make_spare(self) -> None:
+        batch_id = new_batch_id()
+        job = announcement(self._queue, self.settings, batch_id)
+        with self._spare_lock:
+            if self._spare is None:
+                self._spare = (batch_id, job)
+
     def _store_and_announce(
-        self, batch_id: str, spec: bytes, n: int, run: str, reruns: int
+        self, batch_id: str, spec: bytes, n: int, run: str, reruns: int, made: Job | None = None
     ) -> None:
         """One round trip when the live host count is known (from the previous
         submit), two for a pool's first batch: that one also loads the script if the
@@ -157,6 +190,7 @@ class CodePool:
                 batch_id=batch_id,
                 size=n,
                 count=announcements_for(n, self._live),
+                made=made,
             )
             return
         # One MULTI/EXEC (RQ turns a pipeline into one anyway): the batch is stored
@@ -171,6 +205,7 @@ class CodePool:
                 size=n,
                 count=announcements_for(n, self._live or 1),
                 pipeline=pipe,
+                made=made,
             )
             try:
                 self._live = int(pipe.execute()[0])

@@ -191,6 +191,7 @@ class BatchExecution:
         self._nudged = False  # told the writer this execution expects no more
         self._first_claim_with: Pipeline | None = None
         self.before_claim: list[Any] = []  # replies to what that pipeline held before it
+        self._joined_unlogged = False
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -283,15 +284,8 @@ class BatchExecution:
             runner.reject_batch(self.batch_id, f"rejected: malformed batch: {exc}")
             return False
         self.run = self.batch.run
-        n = len(self.batch.codes)
-        self.oversize = n > runner.settings.max_batch_snippets
-        log.info(
-            "job %s: joined batch %s of %d snippets (run %r)",
-            self.job.id,
-            self.batch_id,
-            n,
-            self.run,
-        )
+        self.oversize = len(self.batch.codes) > runner.settings.max_batch_snippets
+        self._joined_unlogged = True
         return True
 
     def fill(self, *, pipeline: Pipeline | None = None) -> None:
@@ -300,6 +294,16 @@ class BatchExecution:
         self._first_claim_with = pipeline
         self._refill()
         self._first_claim_with = None
+        if self._joined_unlogged and self.batch is not None:
+            # Logged once the first snippets run: not between them and their claim.
+            self._joined_unlogged = False
+            log.info(
+                "job %s: joined batch %s of %d snippets (run %r)",
+                self.job.id,
+                self.batch_id,
+                len(self.batch.codes),
+                self.run,
+            )
         if not self._nudged and not self.expecting():
             # The writer may hold results of ours waiting for company that will not come.
             self._nudged = True

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import redis
 from rq import Queue
@@ -131,6 +132,27 @@ def test_a_job_naming_another_function_is_refused(
     assert "refusing job" in worker.log() and "os.system" in worker.log()
     pool = CodePool(redis_url)
     assert pool.submit(["print('still serving')"]).results(timeout_s=30)[0].ok
+
+
+def test_the_announcement_made_ahead_goes_out_as_made_at_submit(redis_url: str) -> None:
+    # A pool makes its next batch's id and announcement after each submit (no worker
+    # here: the announcements stay on the queue to be looked at).
+    client = redis.Redis.from_url(redis_url)
+    pool = CodePool(redis_url)
+    first = pool.submit(["print('first')"])
+    spare = pool._spare
+    assert spare is not None and spare[0] != first.id
+    time.sleep(0.05)
+    before = datetime.now(UTC) - timedelta(milliseconds=1)
+    batch = pool.submit(["print('not in the description')"] * 3)
+    assert batch.id == spare[0]
+    queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
+    jobs = [Job.fetch(i, connection=client, serializer=MsgpackSerializer) for i in queue.job_ids]
+    [job] = [job for job in jobs if job.id.startswith(batch.id + "-")]
+    assert job.id == spare[1].id
+    assert job.description == f"codepool batch {batch.id} (3 snippets)"
+    assert job.created_at is not None and job.created_at >= before
+    assert job.get_status() == JobStatus.QUEUED
 
 
 def test_remote_sandbox_across_event_loops(redis_url: str, start_worker: StartWorker) -> None:
