@@ -9,6 +9,7 @@ one), and again by a janitor when work is released from a lapsed claim.
 from __future__ import annotations
 
 import math
+import re
 import uuid
 
 import redis
@@ -23,6 +24,8 @@ from codepool.common.wire import JOB_FUNCTION, encode_announcement
 
 # A host that joins a batch should find at least this many snippets to claim.
 MIN_SHARE = 2
+# An announcement's job id: its batch's (new_batch_id) and a suffix of its own.
+_ANNOUNCEMENT_ID = re.compile(r"[0-9a-f]{32}-[0-9a-f]{8}")
 
 
 def batch_queue(conn: redis.Redis, settings: Settings) -> Queue:
@@ -82,3 +85,8 @@ def announce(
 def batch_of_job(job_id: str) -> str:
     """The batch an announcement job belongs to (its id is ``{batch_id}-{suffix}``)."""
     return job_id.rsplit("-", 1)[0]
+
+
+def announced_batch(job_id: str) -> str | None:
+    """The batch a job id names, if it is an id ``announce`` makes; else None."""
+    return batch_of_job(job_id) if _ANNOUNCEMENT_ID.fullmatch(job_id) else None

@@ -16,9 +16,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar, cast
 
+import redis
+from redis import Redis
 from redis.client import Pipeline
 from rq import Queue, SimpleWorker
 from rq.executions import Execution
@@ -28,7 +31,9 @@ from rq.worker import WorkerStatus
 
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.connection import redis_client
+from codepool.common.errors import CodepoolError
 from codepool.common.limits import Limits
+from codepool.common.queueing import announced_batch
 from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION
 from codepool.worker.engine import linux
@@ -77,12 +82,55 @@ class DispatcherConfig:
         return cls(**json.loads(text))
 
 
+class _ClaimingQueue(Queue):
+    """The dispatcher's queue class: RQ reads a dequeued announcement through
+    ``claimer``, which claims the first snippets of its batch in the same round trip
+    (Dispatcher._read_and_claim). Jobs whose ids ``announce`` did not make are read as
+    RQ reads them. (Where RQ has no ``_fetch_dequeued_job``, every job is, and the
+    first claim goes a round trip later, in Dispatcher._start_job.)"""
+
+    claimer: ClassVar[Callable[[str], Job | None] | None] = None
+
+    @classmethod
+    def _fetch_dequeued_job(
+        cls,
+        connection: Redis,
+        queue_key: str,
+        job_id: str,
+        job_class: type[Job] | None = None,
+        serializer: Any = None,
+        death_penalty_class: Any = None,
+    ) -> tuple[Job, Queue] | None:
+        claimer = cls.claimer
+        if claimer is None or announced_batch(job_id) is None:
+            return super()._fetch_dequeued_job(
+                connection,
+                queue_key,
+                job_id,
+                job_class=job_class,
+                serializer=serializer,
+                death_penalty_class=death_penalty_class,
+            )
+        job = claimer(job_id)
+        if job is None:  # its hash is gone: RQ dequeues the next
+            return None
+        queue = cls.from_queue_key(
+            queue_key,
+            connection=connection,
+            job_class=job_class,
+            serializer=serializer,
+            death_penalty_class=death_penalty_class,
+        )
+        return job, queue
+
+
 class Dispatcher(SimpleWorker):
     """An RQ SimpleWorker whose jobs can only be codepool batches, and which waits on
     the queue only in its host's turn (worker/listen_turn.py)."""
 
     runner: BatchRunner | None = None
     turn: ListenTurn | None = None
+    _waiting = 0  # announcements behind the job just read (_read_and_claim)
     _beat_sent_at = -1e9  # monotonic time of the last heartbeat of RQ's default TTL
     _state_unsent = False  # the state changed to IDLE and Redis has not been told yet
     _beat_rides_next = False  # a job just ended: RQ's suspension check beats next
@@ -167,6 +215,12 @@ class Dispatcher(SimpleWorker):
         finally:
             if self.turn is not None:
                 self.turn.give_back()
+        if isinstance(job, CodepoolJob) and job.unread is not None:
+            # Its read, left by _read_and_claim until its first snippets had settled.
+            job.restore(job.unread)
+            job.unread = None
+            if self._refused(job) and job.execution is not None:
+                job.execution.finish()  # claimed as its id's batch: that runs all the same
         super().execute_job(job, queue)
         self._beat_rides_next = True
 
@@ -198,14 +252,78 @@ class Dispatcher(SimpleWorker):
             return
         super().prepare_job_execution(job, remove_from_intermediate_queue)
 
+    def claim_with_reads(self) -> None:
+        """From now on, the round trip that reads a dequeued announcement also claims
+        its batch's first snippets (_read_and_claim)."""
+        self.queue_class = cast(
+            type[Queue],
+            type(
+                "DispatcherQueue",
+                (_ClaimingQueue,),
+                {"claimer": staticmethod(self._read_and_claim)},
+            ),
+        )
+
+    def _read_and_claim(self, job_id: str) -> Job | None:
+        """Read announcement ``job_id`` as RQ would, claiming and starting the first
+        snippets of the batch its id names in the same round trip; None if the job's
+        hash is gone (what was claimed then runs here). Busy, and the announcements
+        behind it counted, as in _start_job."""
+        runner = self.runner
+        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        if runner is None or not isinstance(job, CodepoolJob):
+            job.refresh()  # type: ignore[no-untyped-call]
+            return job
+        job.runner = runner
+        try:
+            with self.connection.pipeline(transaction=False) as first:
+                first.hgetall(job.key)
+                self.set_state(WorkerStatus.BUSY, pipeline=first)
+                first.llen(self.queues[0].key)
+                execution = runner.prestart(job, pipeline=first, batch_id=announced_batch(job_id))
+                if len(first):  # no claim was made
+                    replies = first.execute()
+                else:
+                    replies = list(execution.before_claim) if execution is not None else []
+        except redis.RedisError as exc:
+            # Whether the claim went through is unknown: stop as a failed job start
+            # does, and the lease's lapse gives back whatever it took.
+            message = f"job {job_id}: reading it and its first claim failed: {exc}"
+            raise CodepoolError(message) from exc
+        if not replies:  # the claim's script was loaded again: the rest went through
+            replies = [self.connection.hgetall(job.key), None, 0]
+        raw, self._waiting = replies[0], int(replies[-1])
+        job.execution = execution
+        if execution is not None and not self._waiting:
+            execution.settle(QUIET_START_S)  # before RQ's own work on it: see execute_job
+        if not raw:
+            log.error("job %s: its hash is gone; running what its batch gave it", job_id)
+            if execution is not None:
+                execution.finish()
+            self.set_state(WorkerStatus.IDLE)
+            return None
+        if execution is None:
+            job.restore(raw)
+        else:  # restored once its first snippets have settled (execute_job): until
+            job.unread = raw  # then RQ needs only the job's id
+        return job
+
+    def _refused(self, job: Job) -> bool:
+        if job.func_name == JOB_FUNCTION:
+            return False
+        log.error(
+            "refusing job %s: it names %r, not codepool's job function", job.id, job.func_name
+        )
+        return True
+
     def _start_job(self, job: Job) -> int:
-        """Claim and start the job's first snippets; returns how many announcements
-        wait on the queue behind it."""
-        if job.func_name != JOB_FUNCTION:
-            log.error(
-                "refusing job %s: it names %r, not codepool's job function", job.id, job.func_name
-            )
-        elif isinstance(job, CodepoolJob) and self.runner is not None:
+        """Claim and start the job's first snippets (unless its read did:
+        _read_and_claim); returns how many announcements wait on the queue behind it."""
+        if isinstance(job, CodepoolJob) and job.execution is not None:
+            return self._waiting
+        if self._refused(job):
+            return 0
+        if isinstance(job, CodepoolJob) and self.runner is not None:
             job.runner = self.runner
             # Busy before the first claim: RQ answers a SIGTERM in any other state by
             # raising StopRequested wherever the dispatcher is; after a claim that skipped
@@ -261,6 +379,7 @@ def main(argv: list[str]) -> int:
         log_job_description=False,
     )
     worker.turn = ListenTurn(os.path.join(config.host_dir, TURN_FILE))
+    worker.claim_with_reads()
     # A fenced dispatcher stops as on SIGTERM (in-flight snippets end, nothing more is
     # written) and the worker host starts a fresh one in its place.
     lease = LeaseKeeper(

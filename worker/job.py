@@ -69,6 +69,7 @@ class CodepoolJob(Job):
 
     runner: BatchRunner | None = None
     execution: BatchExecution | None = None
+    unread: dict[bytes, bytes] | None = None  # its hash, read and not yet restored
 
     @property
     def func(self) -> Callable[..., Any]:
@@ -126,12 +127,16 @@ class BatchRunner:
         self.window = window
         self.queue = batch_queue(conn, settings)
 
-    def prestart(self, job: Job, *, pipeline: Pipeline | None = None) -> BatchExecution | None:
+    def prestart(
+        self, job: Job, *, pipeline: Pipeline | None = None, batch_id: str | None = None
+    ) -> BatchExecution | None:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
-        so the two overlap; the first claim goes with what ``pipeline`` holds. None if
-        the announcement is bad (run() reports it)."""
+        so the two overlap; the first claim goes with what ``pipeline`` holds. The batch
+        is the one ``batch_id`` names (the job's id, before its data is read), else its
+        payload's. None if the announcement is bad (run() reports it)."""
         try:
-            execution = BatchExecution(self, job, job.args[0] if job.args else None)
+            payload = job.args[0] if batch_id is None and job.args else None
+            execution = BatchExecution(self, job, payload, batch_id=batch_id)
         except (WireError, IndexError):
             return None
         execution.fill(pipeline=pipeline)
@@ -170,10 +175,12 @@ class BatchExecution:
     until the writer takes its result, and the job ends once everything it started is
     written."""
 
-    def __init__(self, runner: BatchRunner, job: Job, payload: Any) -> None:
+    def __init__(
+        self, runner: BatchRunner, job: Job, payload: Any, *, batch_id: str | None = None
+    ) -> None:
         self.runner = runner
         self.job = job
-        self.batch_id = decode_announcement(payload)
+        self.batch_id = batch_id if batch_id is not None else decode_announcement(payload)
         self.batch: BatchJob | None = None  # read with the first claim
         self.run = ""
         self.limits = Limits()
@@ -202,6 +209,11 @@ class BatchExecution:
         if self._running > 0:
             return True
         return bool(self.todo or not self.drained) and not self._stopping()
+
+    def last_expected(self) -> bool:
+        """Only one result is still to come (from a caller of the writer about to hand
+        it over): nothing else of this execution could join its write."""
+        return self._running == 1 and not (self.todo or not self.drained)
 
     def taken(self, count: int) -> None:
         """The writer holds ``count`` more results: their places in the window are free."""

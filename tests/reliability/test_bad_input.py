@@ -3,11 +3,15 @@ worker, and a worker that keeps serving."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import redis
+from rq import Queue
+from rq.job import JobStatus
 
 from codepool.common import codec
+from codepool.common.codec import MsgpackSerializer
 from codepool.common.ledger import submit_script
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, batch_queue
@@ -15,7 +19,7 @@ from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION, BatchJob, new_batch_id
 from codepool.producer import CodePool
 from codepool.producer.pool import Batch
-from tests.conftest import StartWorker
+from tests.conftest import StartWorker, wait_until
 
 
 def _store_raw(url: str, batch_id: str, spec: bytes, size: int) -> None:
@@ -107,3 +111,51 @@ def test_oversize_batch_is_refused_by_the_producer_and_by_the_worker(
     big = CodePool(redis_url).submit(["print(1)"] * 4).results(timeout_s=30)
     assert [r.status for r in big] == ["rejected"] * 4
     assert "over the worker's limit of 3" in big[0].stderr
+
+
+def _store_unannounced(url: str, codes: list[str]) -> str:
+    """Store a good batch as a producer would, without announcing it; its id."""
+    batch_id = new_batch_id()
+    settings = Settings(redis_url=url)
+    spec = BatchJob.from_codes(batch_id, codes, Limits(), "", time.time()).encode()
+    submit_script(
+        redis.Redis.from_url(url),
+        [settings.keys.batch_state(batch_id), settings.keys.hosts()],
+        [spec, len(codes), "", 2, settings.batch_ttl_s, settings.lease_s],
+    )
+    return batch_id
+
+
+def test_a_foreign_job_with_an_announcements_id_is_refused_and_strands_nothing(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # A dispatcher claims a batch's first snippets in the round trip that reads the job
+    # its id names; a job that turns out to name another function is refused, and
+    # what was claimed runs all the same.
+    worker = start_worker()
+    client = redis.Redis.from_url(redis_url)
+    batch_id = _store_unannounced(redis_url, ["print('claimed with the read')"] * 3)
+    marker = f"/tmp/codepool-pwned-{os.getpid()}"
+    queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
+    job = queue.enqueue("os.system", f"touch {marker}", job_id=f"{batch_id}-0badf00d")
+    # Sooner than the producer's nudge (STALL_S) could announce it again.
+    results = Batch(CodePool(redis_url), batch_id, 3, Limits()).results(timeout_s=8)
+    assert [r.stdout for r in results] == ["claimed with the read\n"] * 3, results
+    wait_until(lambda: job.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
+    assert not os.path.exists(marker)
+    assert "refusing job" in worker.log()
+    assert CodePool(redis_url).submit(["print('still serving')"]).results(timeout_s=30)[0].ok
+
+
+def test_an_announcement_whose_job_hash_is_gone_still_runs_its_batch(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    worker = start_worker()
+    client = redis.Redis.from_url(redis_url)
+    batch_id = _store_unannounced(redis_url, ["print('no job hash')"] * 2)
+    # Only the id on RQ's queue, as when the job's hash expired or was deleted.
+    client.rpush(Queue("codepool", connection=client).key, f"{batch_id}-00000000")
+    results = Batch(CodePool(redis_url), batch_id, 2, Limits()).results(timeout_s=8)
+    assert [r.stdout for r in results] == ["no job hash\n"] * 2, results
+    assert "its hash is gone" in worker.log()
+    assert CodePool(redis_url).submit(["print('still serving')"]).results(timeout_s=30)[0].ok
