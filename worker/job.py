@@ -199,6 +199,7 @@ class BatchExecution:
         self._first_claim_with: Pipeline | None = None
         self.before_claim: list[Any] = []  # replies to what that pipeline held before it
         self._joined_unlogged = False
+        self._settled = False
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -370,7 +371,11 @@ class BatchExecution:
 
     def settle(self, timeout_s: float) -> None:
         """Wait until the first results are written, at most ``timeout_s``, starting
-        more as the writer takes results (finish() then goes on from here)."""
+        more as the writer takes results (finish() then goes on from here). Once only:
+        a second call returns at once."""
+        if self._settled:
+            return
+        self._settled = True
         end = time.monotonic() + timeout_s
         while self.unwritten and not self.ran:
             left = end - time.monotonic()

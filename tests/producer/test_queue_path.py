@@ -63,6 +63,23 @@ def test_a_straggler_does_not_delay_the_others(redis_url: str, start_worker: Sta
     assert time.monotonic() - started >= 3.0
 
 
+def test_a_long_first_snippet_keeps_no_batch_off_the_host(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # A dispatcher keeps the host's listen turn while its first snippets settle
+    # (Dispatcher.execute_job), but only briefly: the other dispatcher takes the next
+    # announcement long before the first snippet ends.
+    worker = start_worker(concurrency=2)
+    pool = CodePool(redis_url)
+    slow = pool.submit(["import time\ntime.sleep(3)\nprint('slow')"])
+    wait_until(lambda: sleeping_below(worker.process.pid) > 0, what="the slow snippet to start")
+    started = time.monotonic()
+    quick = pool.submit(["print('quick')"])
+    assert quick.results(timeout_s=30)[0].stdout == "quick\n"
+    assert time.monotonic() - started < 1.5
+    assert slow.results(timeout_s=30)[0].stdout == "slow\n"
+
+
 def test_stats_counters_equal_what_ran(redis_url: str, start_worker: StartWorker) -> None:
     start_worker()
     pool = CodePool(redis_url)
