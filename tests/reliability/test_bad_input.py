@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import redis
 from rq import Queue
 from rq.job import JobStatus
@@ -22,7 +23,7 @@ from codepool.producer.pool import Batch
 from tests.conftest import StartWorker, wait_until
 
 
-def _store_raw(url: str, batch_id: str, spec: bytes, size: int) -> None:
+def _store_raw(url: str, batch_id: str, spec: bytes, size: int, *, announced: bool = True) -> None:
     """Store a batch record as a producer would, whatever it holds, and announce it."""
     settings = Settings(redis_url=url)
     client = redis.Redis.from_url(url)
@@ -31,7 +32,8 @@ def _store_raw(url: str, batch_id: str, spec: bytes, size: int) -> None:
         [settings.keys.batch_state(batch_id), settings.keys.hosts()],
         [spec, size, "", 2, settings.batch_ttl_s, settings.lease_s],
     )
-    announce(batch_queue(client, settings), settings, batch_id=batch_id, size=size)
+    if announced:
+        announce(batch_queue(client, settings), settings, batch_id=batch_id, size=size)
 
 
 def _announce_raw(url: str, payload: bytes) -> None:
@@ -116,46 +118,38 @@ def test_oversize_batch_is_refused_by_the_producer_and_by_the_worker(
 def _store_unannounced(url: str, codes: list[str]) -> str:
     """Store a good batch as a producer would, without announcing it; its id."""
     batch_id = new_batch_id()
-    settings = Settings(redis_url=url)
     spec = BatchJob.from_codes(batch_id, codes, Limits(), "", time.time()).encode()
-    submit_script(
-        redis.Redis.from_url(url),
-        [settings.keys.batch_state(batch_id), settings.keys.hosts()],
-        [spec, len(codes), "", 2, settings.batch_ttl_s, settings.lease_s],
-    )
+    _store_raw(url, batch_id, spec, len(codes), announced=False)
     return batch_id
 
 
-def test_a_foreign_job_with_an_announcements_id_is_refused_and_strands_nothing(
-    redis_url: str, start_worker: StartWorker
+def _stdouts_soon(url: str, batch_id: str, size: int) -> list[str]:
+    """A batch's outputs, collected for less time than the producer waits before it
+    announces a stalled batch again (STALL_S): what did not run by then is infra."""
+    return [r.stdout for r in Batch(CodePool(url), batch_id, size, Limits()).results(timeout_s=8)]
+
+
+@pytest.mark.parametrize("job", ["naming another function", "with its hash gone"])
+def test_what_the_read_of_an_announcement_claimed_runs_whatever_its_job(
+    redis_url: str, start_worker: StartWorker, job: str
 ) -> None:
     # A dispatcher claims a batch's first snippets in the round trip that reads the job
-    # its id names; a job that turns out to name another function is refused, and
-    # what was claimed runs all the same.
+    # its id names. A job that turns out to name another function is refused, one whose
+    # hash is gone (expired, deleted) is skipped, and what was claimed runs all the same.
     worker = start_worker()
     client = redis.Redis.from_url(redis_url)
     batch_id = _store_unannounced(redis_url, ["print('claimed with the read')"] * 3)
     marker = f"/tmp/codepool-pwned-{os.getpid()}"
     queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
-    job = queue.enqueue("os.system", f"touch {marker}", job_id=f"{batch_id}-0badf00d")
-    # Sooner than the producer's nudge (STALL_S) could announce it again.
-    results = Batch(CodePool(redis_url), batch_id, 3, Limits()).results(timeout_s=8)
-    assert [r.stdout for r in results] == ["claimed with the read\n"] * 3, results
-    wait_until(lambda: job.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
-    assert not os.path.exists(marker)
-    assert "refusing job" in worker.log()
-    assert CodePool(redis_url).submit(["print('still serving')"]).results(timeout_s=30)[0].ok
-
-
-def test_an_announcement_whose_job_hash_is_gone_still_runs_its_batch(
-    redis_url: str, start_worker: StartWorker
-) -> None:
-    worker = start_worker()
-    client = redis.Redis.from_url(redis_url)
-    batch_id = _store_unannounced(redis_url, ["print('no job hash')"] * 2)
-    # Only the id on RQ's queue, as when the job's hash expired or was deleted.
-    client.rpush(Queue("codepool", connection=client).key, f"{batch_id}-00000000")
-    results = Batch(CodePool(redis_url), batch_id, 2, Limits()).results(timeout_s=8)
-    assert [r.stdout for r in results] == ["no job hash\n"] * 2, results
-    assert "its hash is gone" in worker.log()
+    if job == "naming another function":
+        foreign = queue.enqueue("os.system", f"touch {marker}", job_id=f"{batch_id}-0badf00d")
+    else:
+        client.rpush(queue.key, f"{batch_id}-00000000")  # only its id on RQ's queue
+    assert _stdouts_soon(redis_url, batch_id, 3) == ["claimed with the read\n"] * 3
+    if job == "naming another function":
+        wait_until(lambda: foreign.get_status(refresh=True) == JobStatus.FAILED, timeout_s=15)
+        assert not os.path.exists(marker)
+        assert "refusing job" in worker.log()
+    else:
+        assert "its hash is gone" in worker.log()
     assert CodePool(redis_url).submit(["print('still serving')"]).results(timeout_s=30)[0].ok
