@@ -234,7 +234,7 @@ class Dispatcher(SimpleWorker):
                 job, heartbeat_ttl, pipeline=pipeline, worker_name=self.name
             )
             self.executions[execution.id] = execution
-            self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+            self._state = WorkerStatus.BUSY  # told by the heartbeat's own state, next
             self.heartbeat(heartbeat_ttl, pipeline=pipeline)
             job.heartbeat(now_utc(), heartbeat_ttl, pipeline=pipeline)
             job.prepare_for_execution(self.name, pipeline=pipeline)
