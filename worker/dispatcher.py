@@ -299,6 +299,7 @@ class Dispatcher(SimpleWorker):
         if not raw:
             log.error("job %s: its hash is gone; running what its batch gave it", job_id)
             if execution is not None:
+                execution.beats_job = False
                 execution.finish()
             self.set_state(WorkerStatus.IDLE)
             return None

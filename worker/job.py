@@ -200,6 +200,9 @@ class BatchExecution:
         self.before_claim: list[Any] = []  # replies to what that pipeline held before it
         self._joined_unlogged = False
         self._settled = False
+        # RQ's heartbeat of the job while it runs (not where its hash is gone: a beat
+        # would make a partial one anew, with no TTL).
+        self.beats_job = True
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -407,7 +410,7 @@ class BatchExecution:
                 raise note
             self.unwritten -= note
             self.ran += note
-            if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
+            if self.beats_job and time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
                 last_beat = time.monotonic()
         if not self.lost and not runner.lease.lost.is_set() and self.batch is not None:

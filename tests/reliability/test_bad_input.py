@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 from rq import Queue
-from rq.job import JobStatus
+from rq.job import Job, JobStatus
 
 from codepool.common import codec
 from codepool.common.codec import MsgpackSerializer
@@ -153,3 +153,18 @@ def test_what_the_read_of_an_announcement_claimed_runs_whatever_its_job(
     else:
         assert "its hash is gone" in worker.log()
     assert CodePool(redis_url).submit(["print('still serving')"]).results(timeout_s=30)[0].ok
+
+
+def test_a_long_batch_whose_job_hash_is_gone_leaves_no_job_hash(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # RQ's heartbeat of a running job (every HEARTBEAT_EVERY_S) would make the hash anew,
+    # with no TTL, where it was gone.
+    start_worker()
+    client = redis.Redis.from_url(redis_url)
+    batch_id = _store_unannounced(redis_url, ["import time\ntime.sleep(10.5)\nprint('long')"])
+    job_id = f"{batch_id}-00000000"
+    client.rpush(Queue("codepool", connection=client).key, job_id)
+    results = Batch(CodePool(redis_url), batch_id, 1, Limits()).results(timeout_s=30)
+    assert results[0].stdout == "long\n", results[0]
+    assert not client.exists(Job.key_for(job_id))
