@@ -66,9 +66,10 @@ def announce(
     round trip of its own); returns their job ids. made: one of them, made beforehand
     by ``announcement``. Descriptions name the batch, never the code, because RQ logs
     descriptions."""
-    jobs = [made] if made is not None else []
+    jobs = []
     if made is not None:
         made.created_at = now()  # RQ's, as if it were made now
+        jobs.append(made)
     jobs += [announcement(queue, settings, batch_id) for _ in range(count - len(jobs))]
     # One round trip (RQ makes the pipeline a MULTI/EXEC): each job hash is written
     # before its id is pushed, so no worker can pop an unsaved job.

@@ -17,6 +17,7 @@ lapsed one (like any live dispatcher would), and says so when no dispatcher is a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -50,13 +51,18 @@ POLL_BLOCK_S = 1.0
 STALL_S = 10.0
 # No lingering once this few results are missing: the end of a batch comes at once.
 LINGER_UNTIL_LEFT = 8
-# Distinct limit overrides a pool remembers the Limits of (then it starts afresh).
+# Distinct (defaults, overrides) pairs whose Limits are remembered.
 LIMITS_CACHED = 64
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
 NO_WORKER_MESSAGE = (
     "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
     "in Redis); is `codepool worker` running and pointed at this Redis?"
 )
+
+
+@functools.lru_cache(maxsize=LIMITS_CACHED)
+def _limits_with(defaults: Limits, overrides: tuple[tuple[str, Any], ...]) -> Limits:
+    return defaults.with_overrides(**dict(overrides))
 
 
 class CodePool:
@@ -89,8 +95,6 @@ class CodePool:
         # what RQ takes to make one is then not between a lone call and its result.
         self._spare_lock = threading.Lock()
         self._spare: tuple[str, Job] | None = None
-        # Limits by overrides: most producers pass the same ones to every submit.
-        self._limits_by_overrides: dict[tuple[Limits, tuple[tuple[str, Any], ...]], Limits] = {}
         self._watch_lock = threading.Lock()
         self._watched_at = -1e9
         self._watched: int | None = None
@@ -134,7 +138,10 @@ class CodePool:
                 f"{per_snippet[0]}= belongs to one snippet: submit Snippet.make(code, "
                 f"{per_snippet[0]}=...) entries"
             )
-        effective = self._limits_with(limits)
+        try:  # most producers pass the same overrides to every submit
+            effective = _limits_with(self.limits, tuple(sorted(limits.items())))
+        except TypeError:  # an unhashable value: with_overrides says what is wrong
+            effective = self.limits.with_overrides(**limits)
         with self._spare_lock:
             spare, self._spare = self._spare, None
         batch_id, made = spare if spare is not None else (new_batch_id(), None)
@@ -151,19 +158,6 @@ class CodePool:
         if codes:
             self._make_spare()
         return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s)
-
-    def _limits_with(self, overrides: dict[str, Any]) -> Limits:
-        try:  # keyed by the defaults too: a caller may give the pool new ones
-            key = (self.limits, tuple(sorted(overrides.items())))
-            cached = self._limits_by_overrides.get(key)
-        except TypeError:  # an unhashable value: with_overrides says what is wrong
-            return self.limits.with_overrides(**overrides)
-        if cached is None:
-            cached = self.limits.with_overrides(**overrides)
-            if len(self._limits_by_overrides) >= LIMITS_CACHED:
-                self._limits_by_overrides.clear()
-            self._limits_by_overrides[key] = cached
-        return cached
 
     def _make_spare(self) -> None:
         batch_id = new_batch_id()

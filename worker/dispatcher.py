@@ -280,11 +280,7 @@ class Dispatcher(SimpleWorker):
                 first.hgetall(job.key)
                 self.set_state(WorkerStatus.BUSY, pipeline=first)
                 first.llen(self.queues[0].key)
-                execution = runner.prestart(job, pipeline=first, batch_id=announced_batch(job_id))
-                if len(first):  # no claim was made
-                    replies = first.execute()
-                else:
-                    replies = list(execution.before_claim) if execution is not None else []
+                execution, replies = runner.prestart(job, first, batch_id=announced_batch(job_id))
         except redis.RedisError as exc:
             # Whether the claim went through is unknown: stop as a failed job start
             # does, and the lease's lapse gives back whatever it took.
@@ -336,11 +332,7 @@ class Dispatcher(SimpleWorker):
                 self.set_state(WorkerStatus.BUSY, pipeline=first)
                 first.llen(self.queues[0].key)
                 # Snippets start now and run while RQ does its per-job bookkeeping.
-                job.execution = self.runner.prestart(job, pipeline=first)
-                if len(first):  # no claim was made: the state goes on its own
-                    replies = first.execute()
-                else:  # empty if the claim's script had to be loaded again
-                    replies = job.execution.before_claim if job.execution is not None else []
+                job.execution, replies = self.runner.prestart(job, first)
                 return int(replies[-1]) if replies else 0
         return 0
 

@@ -128,19 +128,24 @@ class BatchRunner:
         self.queue = batch_queue(conn, settings)
 
     def prestart(
-        self, job: Job, *, pipeline: Pipeline | None = None, batch_id: str | None = None
-    ) -> BatchExecution | None:
+        self, job: Job, pipeline: Pipeline, *, batch_id: str | None = None
+    ) -> tuple[BatchExecution | None, list[Any]]:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
-        so the two overlap; the first claim goes with what ``pipeline`` holds. The batch
-        is the one ``batch_id`` names (the job's id, before its data is read), else its
-        payload's. None if the announcement is bad (run() reports it)."""
+        so the two overlap; the first claim goes with what ``pipeline`` holds, which is
+        sent in any case. The batch is the one ``batch_id`` names (the job's id, before
+        its data is read), else its payload's. Returns the execution (None if the
+        announcement is bad: run() reports it) and the replies to what ``pipeline``
+        held (none if the claim's script had to be loaded again)."""
         try:
             payload = job.args[0] if batch_id is None and job.args else None
-            execution = BatchExecution(self, job, payload, batch_id=batch_id)
+            execution: BatchExecution | None = BatchExecution(self, job, payload, batch_id=batch_id)
         except (WireError, IndexError):
-            return None
-        execution.fill(pipeline=pipeline)
-        return execution
+            execution = None
+        if execution is not None:
+            execution.fill(pipeline=pipeline)
+        if len(pipeline):  # no claim was made: what it holds goes on its own
+            return execution, pipeline.execute()
+        return execution, execution.before_claim if execution is not None else []
 
     def run(self, job: Job, payload: Any) -> dict[str, Any]:
         execution = getattr(job, "execution", None)
@@ -200,6 +205,7 @@ class BatchExecution:
         self.before_claim: list[Any] = []  # replies to what that pipeline held before it
         self._joined_unlogged = False
         self._settled = False
+        self._failure: BaseException | None = None  # the writer's, raised by finish()
         # RQ's heartbeat of the job while it runs (not where its hash is gone: a beat
         # would make a partial one anew, with no TTL).
         self.beats_job = True
@@ -372,6 +378,19 @@ class BatchExecution:
             result = infra(f"codepool: executor failed: {exc}", worker=self.runner.executor.name)
         self.runner.writer.put(self, index, result)
 
+    def _take_note(self, timeout_s: float) -> None:
+        """Count the writer's next note, waiting up to ``timeout_s``; a failure it
+        reports is kept for finish() to raise."""
+        try:
+            note = self._notes.get(timeout=timeout_s)
+        except queue.Empty:
+            return
+        if isinstance(note, BaseException):
+            self._failure = note
+        else:
+            self.unwritten -= note
+            self.ran += note
+
     def settle(self, timeout_s: float) -> None:
         """Wait until the first results are written, at most ``timeout_s``, starting
         more as the writer takes results (finish() then goes on from here). Once only:
@@ -380,36 +399,23 @@ class BatchExecution:
             return
         self._settled = True
         end = time.monotonic() + timeout_s
-        while self.unwritten and not self.ran:
+        while self.unwritten and not self.ran and self._failure is None:
             left = end - time.monotonic()
             if left <= 0:
                 return
-            try:
-                note = self._notes.get(timeout=left)
-            except queue.Empty:
-                return
-            if isinstance(note, BaseException):
-                self._notes.put(note)  # for finish() to raise
-                return
-            self.unwritten -= note
-            self.ran += note
+            self._take_note(left)
             self.fill()
 
     def finish(self) -> dict[str, Any]:
         runner, job = self.runner, self.job
         last_beat = time.monotonic()
         while True:
+            if self._failure is not None:
+                raise self._failure
             self.fill()
             if not self.unwritten:
                 break
-            try:
-                note = self._notes.get(timeout=HEARTBEAT_EVERY_S)
-            except queue.Empty:
-                note = 0
-            if isinstance(note, BaseException):
-                raise note
-            self.unwritten -= note
-            self.ran += note
+            self._take_note(HEARTBEAT_EVERY_S)
             if self.beats_job and time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
                 last_beat = time.monotonic()
