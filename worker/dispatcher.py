@@ -280,7 +280,9 @@ class Dispatcher(SimpleWorker):
                 first.hgetall(job.key)
                 self.set_state(WorkerStatus.BUSY, pipeline=first)
                 first.llen(self.queues[0].key)
-                execution, replies = runner.prestart(job, first, batch_id=announced_batch(job_id))
+                execution, replies = runner.prestart(
+                    job, pipeline=first, batch_id=announced_batch(job_id)
+                )
         except redis.RedisError as exc:
             # Whether the claim went through is unknown: stop as a failed job start
             # does, and the lease's lapse gives back whatever it took.
@@ -332,7 +334,7 @@ class Dispatcher(SimpleWorker):
                 self.set_state(WorkerStatus.BUSY, pipeline=first)
                 first.llen(self.queues[0].key)
                 # Snippets start now and run while RQ does its per-job bookkeeping.
-                job.execution, replies = self.runner.prestart(job, first)
+                job.execution, replies = self.runner.prestart(job, pipeline=first)
                 return int(replies[-1]) if replies else 0
         return 0
 

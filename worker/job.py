@@ -128,7 +128,7 @@ class BatchRunner:
         self.queue = batch_queue(conn, settings)
 
     def prestart(
-        self, job: Job, pipeline: Pipeline, *, batch_id: str | None = None
+        self, job: Job, *, pipeline: Pipeline, batch_id: str | None = None
     ) -> tuple[BatchExecution | None, list[Any]]:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
         so the two overlap; the first claim goes with what ``pipeline`` holds, which is
