@@ -57,6 +57,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in its exit
+
+
+def exiting(pid: int) -> bool:
+    """Whether ``pid`` is in its exit (tearing down, or a zombie): it runs nothing more.
+    False for a live process, and for one that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_EXITING)
+
+
 def worker_role(pid: int) -> str | None:
     """``dispatcher``, ``supervisor`` or ``zygote`` for those processes of a worker host;
     None for anything else, snippets included (they share the zygote's command line but

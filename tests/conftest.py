@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from codepool.common.errors import ConfigError
-from codepool.ops.processes import descendants, processes
+from codepool.ops.processes import descendants, exiting, processes
 from codepool.ops.redis_server import RedisServer
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
@@ -110,7 +110,15 @@ def assert_nothing_left(executor: LocalExecutor) -> None:
 
     As root each snippet has a uid of its own, so anything of those uids is a leftover;
     as non-root snippets keep the worker's uid, so what is looked for is anything below
-    the supervisor other than its zygotes and the children they cloned ahead."""
+    the supervisor other than its zygotes and the children they cloned ahead.
+
+    A snippet's result goes out before its process's exit has torn its image down
+    (worker/engine/done.py): what is still in its exit is waited for first (it runs
+    nothing more), and only for so long."""
+    give_up = time.monotonic() + 5.0
+    while any(map(exiting, descendants(executor.supervisor_pid))):
+        assert time.monotonic() < give_up, "a snippet's process took 5 s to exit"
+        time.sleep(0.005)
     below = descendants(executor.supervisor_pid)  # before: a clone ahead may come meanwhile
     waiting = waiting_children(executor)
     # Between snippets the only children left are the (at most two per zygote) waiting.

@@ -324,10 +324,22 @@ def test_executor_is_unreachable_from_the_snippet(executor: LocalExecutor) -> No
     assert_nothing_left(executor)
 
 
-def test_only_stdio_is_open(executor: LocalExecutor) -> None:
-    r = executor.run("import os\nprint(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
-    # listdir itself holds one fd open while it reads the directory.
-    assert r.stdout == "[0, 1, 2, 3]\n"
+def test_only_stdio_and_the_done_pipe_are_open(executor: LocalExecutor) -> None:
+    r = executor.run(
+        "import os, stat\n"
+        "fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
+        "print(fds)\n"
+        "if 4 in fds:\n"
+        "    print(stat.S_ISFIFO(os.fstat(4).st_mode), os.get_blocking(4))\n"
+        "    os.read(4, 1)\n"
+    )
+    # listdir itself holds one fd open while it reads the directory. In fork mode fd 4
+    # is the done pipe's write end (worker/engine/done.py), which cannot be read.
+    if executor.mode == "fork":
+        assert r.stdout == "[0, 1, 2, 3, 4]\nTrue False\n"
+        assert r.stderr.rstrip().endswith("OSError: [Errno 9] Bad file descriptor")
+    else:
+        assert r.stdout == "[0, 1, 2, 3]\n"
     assert_nothing_left(executor)
 
 

@@ -11,7 +11,8 @@
  * In a child it returns (code, flags): the request read, its limits applied and "ready"
  * said, or, for a request with inputs (files, stdin, cells), (whole request, -1) before
  * its limits, for the Python side to finish. Any set-up failure writes one line to the
- * child's stderr and exits 126, as child_main's does. Built when a compiler is there;
+ * child's stderr and exits 126, as child_main's does. say_done() tells the supervisor a
+ * snippet's end before its exit's teardown (snippet.finish). Built when a compiler is there;
  * without it zygote.py runs the Python loop.
  */
 #define PY_SSIZE_T_CLEAN
@@ -39,6 +40,7 @@
 #include <unistd.h>
 
 #define REQUEST_FD 3
+#define DONE_FD 4 /* fork mode: the snippet's end is told here (snippet.DONE_FD) */
 #define SETUP_FAILED_EXIT 126
 #define MAX_OPEN_FILES 256
 #define HEAD_SIZE 26 /* "!IIIIIIBB", child.py's _HEAD */
@@ -131,27 +133,27 @@ static int close_from(int first, int stop) {
     return 0;
 }
 
-static void arrange_fds(const struct plan *p, int request_fd, int out_fd, int err_fd) {
+static void arrange_fds(const struct plan *p, const int fds[4]) {
     /* Out of the way first, so the dup2s cannot clobber each other. */
-    int high[3] = {fcntl(request_fd, F_DUPFD, 0), fcntl(out_fd, F_DUPFD, 0),
-                   fcntl(err_fd, F_DUPFD, 0)};
-    for (int i = 0; i < 3; i++)
-        check(high[i], "dup");
+    int high[4];
+    for (int i = 0; i < 4; i++)
+        check(high[i] = fcntl(fds[i], F_DUPFD, 0), "dup");
     int devnull = open("/dev/null", O_RDONLY);
     check(devnull, "open /dev/null");
     check(dup2(devnull, 0), "dup2");
     check(dup2(high[1], 1), "dup2");
     check(dup2(high[2], 2), "dup2");
     check(dup2(high[0], REQUEST_FD), "dup2");
+    check(dup2(high[3], DONE_FD), "dup2");
     /* Nothing of the zygote's stays reachable; the Landlock fds go once restricted. */
     struct rlimit files;
     check(getrlimit(RLIMIT_NOFILE, &files), "getrlimit");
     int top = files.rlim_max > 1 << 20 ? 1 << 20 : (int)files.rlim_max;
     if (p->fd_stop > p->fd_first) {
-        close_from(REQUEST_FD + 1, p->fd_first);
+        close_from(DONE_FD + 1, p->fd_first);
         close_from(p->fd_stop, top);
     } else {
-        close_from(REQUEST_FD + 1, top);
+        close_from(DONE_FD + 1, top);
     }
 }
 
@@ -334,10 +336,10 @@ static void reseed(const struct plan *p) {
 }
 
 /* In the cloned child: everything child_main does before the user's first line. */
-static PyObject *child(const struct plan *p, int control, int uid, int fds[3]) {
+static PyObject *child(const struct plan *p, int control, int uid, int fds[4]) {
     close(control);
     check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG");
-    arrange_fds(p, fds[0], fds[1], fds[2]);
+    arrange_fds(p, fds);
     reseed(p);
     setup_mounts(p, uid);
     drop_privileges(p, uid);
@@ -385,7 +387,9 @@ static PyObject *child(const struct plan *p, int control, int uid, int fds[3]) {
     while (write(REQUEST_FD, "R", 1) < 0)
         if (errno != EINTR)
             fail("say ready", errno);
-    if (!p->spawn)
+    if (p->spawn)
+        close(DONE_FD); /* a spawned interpreter's end is its exit */
+    else
         close(REQUEST_FD);
     int flags = head[24] ? 1 : 0;
     flags |= head[25] ? 2 : 0;
@@ -481,9 +485,9 @@ static PyObject *write_state(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static int recv_request(int control, int *uid, int fds[3]) {
+static int recv_request(int control, int *uid, int fds[4]) {
     char data[64];
-    char control_buf[CMSG_SPACE(3 * sizeof(int))];
+    char control_buf[CMSG_SPACE(4 * sizeof(int))];
     struct iovec iov = {data, sizeof data};
     struct msghdr msg;
     memset(&msg, 0, sizeof msg);
@@ -505,13 +509,13 @@ static int recv_request(int control, int *uid, int fds[3]) {
         int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
         int *passed = (int *)CMSG_DATA(c);
         for (int i = 0; i < count; i++) {
-            if (got < 3)
+            if (got < 4)
                 fds[got++] = passed[i];
             else
                 close(passed[i]);
         }
     }
-    if (n < 4 || got != 3 || (msg.msg_flags & MSG_CTRUNC)) {
+    if (n < 4 || got != 4 || (msg.msg_flags & MSG_CTRUNC)) {
         for (int i = 0; i < got; i++)
             close(fds[i]);
         return 0; /* the supervisor is gone, or did not speak the protocol */
@@ -583,7 +587,7 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     for (;;) {
-        int uid, fds[3];
+        int uid, fds[4];
         int got = recv_request(control, &uid, fds);
         if (got < 0) {
             PyBuffer_Release(&filter);
@@ -595,7 +599,7 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         if (pid == 0)
             return child(&p, control, uid, fds); /* the filter's buffer is the child's now */
         int clone_errno = errno;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             close(fds[i]);
         if (pid < 0) {
             PyBuffer_Release(&filter);
@@ -613,7 +617,36 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+/* say_done(code): the snippet's end, as snippet.DONE packs it ("=iIqq": exit code,
+ * DONE_MAGIC, CPU microseconds and peak RSS in KiB of the child and what it reaped),
+ * written to DONE_FD before the exit tears the image down. Best effort: a full or
+ * closed pipe leaves the supervisor waiting for the exit instead. */
+#define DONE_MAGIC 0x454e4f44u /* "DONE" */
+static PyObject *say_done(PyObject *self, PyObject *arg) {
+    (void)self;
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    struct rusage own, reaped;
+    if (getrusage(RUSAGE_SELF, &own) < 0 || getrusage(RUSAGE_CHILDREN, &reaped) < 0)
+        Py_RETURN_NONE;
+    struct __attribute__((packed)) {
+        int32_t code;
+        uint32_t magic;
+        int64_t cpu_us, max_rss_kb;
+    } notice = {(int32_t)code, DONE_MAGIC, 0,
+                own.ru_maxrss > reaped.ru_maxrss ? own.ru_maxrss : reaped.ru_maxrss};
+    const struct timeval *times[4] = {&own.ru_utime, &own.ru_stime, &reaped.ru_utime,
+                                      &reaped.ru_stime};
+    for (int i = 0; i < 4; i++)
+        notice.cpu_us += (int64_t)times[i]->tv_sec * 1000000 + times[i]->tv_usec;
+    ssize_t ignored = write(DONE_FD, &notice, sizeof notice);
+    (void)ignored;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"say_done", say_done, METH_O, "Tell the supervisor the snippet ended with this code."},
     {"serve", (PyCFunction)(void (*)(void))serve, METH_VARARGS | METH_KEYWORDS,
      "Run the zygote's clone loop; returns None here, a request in each child."},
     {"write_state", write_state, METH_VARARGS,
@@ -629,7 +662,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
 
 /* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
  * stale build (an in-place .so left from an older checkout) instead of crashing. */
-#define NATIVE_ABI 4
+#define NATIVE_ABI 5
 
 PyMODINIT_FUNC PyInit__nativechild(void) {
     PyObject *m = PyModule_Create(&module);

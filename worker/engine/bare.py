@@ -61,6 +61,7 @@ def main() -> NoReturn:
     gc.collect()
     gc.freeze()  # as in any zygote: the collector leaves the shared pages alone
     arguments["vm_baseline"] = vm_size_bytes()  # this image's, not the one before exec
+    snippet.done_notice = _nativechild.say_done
     got = _nativechild.serve(**arguments, warm=snippet.warm_up)
     if got is None:
         os._exit(0)  # the supervisor is gone

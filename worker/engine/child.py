@@ -52,12 +52,13 @@ class ChildPlan:
     env_in_place: bool = False
 
 
-def child_main(plan: ChildPlan, request_fd: int, out_fd: int, err_fd: int) -> NoReturn:
-    """Entry point in the cloned child; never returns."""
+def child_main(plan: ChildPlan, fds: list[int]) -> NoReturn:
+    """Entry point in the cloned child, given the request socket, stdout, stderr and the
+    done pipe (snippet.DONE_FD); never returns."""
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         # fds first, so a setup failure lands in the snippet's stderr for the zygote to read.
-        _arrange_fds(request_fd, out_fd, err_fd, keep=plan.guard.fd_range)
+        _arrange_fds(fds, keep=plan.guard.fd_range)
         cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
         # Everything that does not depend on the request is done before it arrives, so
         # the request pays only for its limits. Once unprivileged, limits can only go down.
@@ -121,6 +122,7 @@ def _start(plan: ChildPlan, request: Request, env: dict[str, str]) -> int | None
     _apply_limits(request, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
     record_fd = inputs.say_ready(REQUEST_FD, READY, fetch=request.fetch, cells=request.cells)
     if plan.mode == "spawn":
+        os.close(snippet.DONE_FD)  # a spawned interpreter's end is its exit
         _exec_interpreter(request, record_fd, env)
     os.close(REQUEST_FD)
     return record_fd
@@ -157,18 +159,19 @@ def _restrict(plan: ChildPlan, cwd: str) -> None:
     plan.syscalls.install()
 
 
-def _arrange_fds(request_fd: int, out_fd: int, err_fd: int, *, keep: range) -> None:
+def _arrange_fds(fds: list[int], *, keep: range) -> None:
     # Move our fds out of the way first so the dup2s below cannot clobber each other.
-    high = [os.dup(fd) for fd in (request_fd, out_fd, err_fd)]
+    request_fd, out_fd, err_fd, done_fd = (os.dup(fd) for fd in fds)
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
-    os.dup2(high[1], 1)
-    os.dup2(high[2], 2)
-    os.dup2(high[0], REQUEST_FD)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.dup2(request_fd, REQUEST_FD)
+    os.dup2(done_fd, snippet.DONE_FD)
     # Nothing of the zygote's (client sockets, other children's files) stays reachable;
     # the Landlock layer's fds (``keep``) are closed when it is in place.
     top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    os.closerange(REQUEST_FD + 1, keep.start if keep else top)
+    os.closerange(snippet.DONE_FD + 1, keep.start if keep else top)
     if keep:
         os.closerange(keep.stop, top)
 

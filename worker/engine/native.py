@@ -31,7 +31,7 @@ except ImportError:  # built where a compiler was; see setup.py
     _module = None
 
 
-ABI = 4  # _nativechild.c's NATIVE_ABI
+ABI = 5  # _nativechild.c's NATIVE_ABI
 
 
 def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str | None:
@@ -127,6 +127,7 @@ def serve(
     """The clone loop (see _nativechild.c): None in the zygote once the supervisor is
     gone; in each child, what child.native_child_main takes. ``seeds``: generators()."""
     assert _module is not None
+    snippet.done_notice = _module.say_done
     result: tuple[bytes, int] | None = _module.serve(
         **serve_arguments(control.fileno(), clone_flags, plan, seeds), warm=snippet.warm_up
     )

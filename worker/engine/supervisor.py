@@ -32,7 +32,7 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.result import infra, rejected
 from codepool.common.snippet import Snippet
-from codepool.worker.engine import isolation, leftovers, native, readback, routing
+from codepool.worker.engine import done, isolation, leftovers, native, readback, routing
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.child import Request as ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
@@ -78,10 +78,15 @@ class Child:
     slot: int
     fallback_dir: str | None
     kind: str  # which zygote cloned it (one of routing.KINDS)
+    done_fd: int  # the done pipe's read end (worker/engine/done.py), -1 once read
     request: Request | None = None
     started: float = 0.0
     deadline: float | None = None
     timed_out: bool = False
+    notice: done.Notice | None = None  # its done notice, once it was killed at it
+    reported: bool = False  # its result went out at the notice
+    ready: bool | None = None  # it said "ready" (None: not read yet)
+    handed: list[int] = field(default_factory=list)  # the fds it sent with "ready"
 
 
 class Supervisor:
@@ -247,11 +252,13 @@ class Supervisor:
         parent_sock, child_sock = socket.socketpair()
         out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
         err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
+        done_fd, done_end = done.open_pipe()
         header = CLONE_REQUEST.pack(-1 if uid is None else uid) + (fallback_dir or "").encode()
-        fds = [child_sock.fileno(), out_fd, err_fd]
+        fds = [child_sock.fileno(), out_fd, err_fd, done_end]
         socket.send_fds(self.zygotes[kind].sock, [header], fds)
         child_sock.close()
-        child = Child(0, -1, parent_sock, out_fd, err_fd, slot, fallback_dir, kind)
+        os.close(done_end)
+        child = Child(0, -1, parent_sock, out_fd, err_fd, slot, fallback_dir, kind, done_fd)
         self.cloning[kind].append(child)
 
     def _on_zygote(self, kind: str) -> None:
@@ -268,6 +275,8 @@ class Supervisor:
         child.pid = pid
         child.pidfd = os.pidfd_open(pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, ("child", child))
+        if self.state.pidns:  # where a notice can be acted on (worker/engine/done.py)
+            self.selector.register(child.done_fd, selectors.EVENT_READ, ("done", child))
         self.warm_children[kind].append(child)
 
     def _dispatch(self) -> None:
@@ -319,11 +328,8 @@ class Supervisor:
         ended = time.monotonic()
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
-        try:  # "ready", and the fds to read back from (inputs.say_ready)
-            message, handed, _, _ = socket.recv_fds(child.sock, 1, 2, socket.MSG_DONTWAIT)
-            ready = message == READY
-        except OSError:
-            ready, handed = False, []
+        self._forget_notice(child)
+        self._take_ready(child)  # "ready" and its fds, unless the notice read them
         child.sock.close()
         if self.running.pop(child.pid, None) is not None:
             # Its slot's next snippet starts before this one's result is read and sent,
@@ -337,20 +343,62 @@ class Supervisor:
                 status,
                 readback.read_whole(child.err_fd)[-500:],
             )
-        elif child.request is not None and child.request.client is not None:
-            self.prefork = self.prefork or ready
-            result = _result(child, status, rusage, ended, ready)
-            if ready:
-                result.update(_read_back(child, handed))
-            if self.config.mode == "fork":
-                result["zygote"] = child.kind
-            self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
-        for fd in handed:
+        elif not child.reported:
+            # Killed at its notice, it ended with the notice's code.
+            code = os.waitstatus_to_exitcode(status) if child.notice is None else child.notice.code
+            self._report(child, code, rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss, ended)
+        for fd in child.handed:
             os.close(fd)
         os.close(child.out_fd)
         os.close(child.err_fd)
         self._clean_up_after(child)
         self.free_slots.append(child.slot)
+
+    def _on_notice(self, child: Child) -> None:
+        """A running child said its snippet ended: it is killed, and unless processes of
+        its own are left (they die with it, so its exit is waited for), its result goes
+        out now, before its exit's teardown (worker/engine/done.py)."""
+        notice = done.read_notice(child.done_fd)
+        self._forget_notice(child)
+        if notice is None or child.timed_out or self.running.get(child.pid) is not child:
+            return
+        _kill(child.pid, group=False)  # nothing more of it runs, forged notice or not
+        child.notice, child.deadline = notice, None
+        if done.alone(child.pid) and self._take_ready(child):
+            ended = time.monotonic()
+            self._report(child, notice.code, notice.cpu_s, notice.max_rss_kb, ended)
+            child.reported = True
+
+    def _forget_notice(self, child: Child) -> None:
+        if child.done_fd < 0:
+            return
+        if self.state.pidns and child.pidfd >= 0:
+            self.selector.unregister(child.done_fd)
+        os.close(child.done_fd)
+        child.done_fd = -1
+
+    def _take_ready(self, child: Child) -> bool:
+        """Whether the child said "ready"; the fds it sent with it (inputs.say_ready)
+        are kept in ``child.handed`` until its exit."""
+        if child.ready is None:
+            try:
+                message, child.handed, _, _ = socket.recv_fds(child.sock, 1, 2, socket.MSG_DONTWAIT)
+                child.ready = message == READY
+            except OSError:
+                child.ready = False
+        return child.ready
+
+    def _report(self, child: Child, code: int, cpu_s: float, max_rss_kb: int, ended: float) -> None:
+        if child.request is None or child.request.client is None:
+            return
+        ready = bool(child.ready)
+        self.prefork = self.prefork or ready
+        result = _result(child, code, cpu_s, max_rss_kb, ended, ready)
+        if ready:
+            result.update(_read_back(child, child.handed))
+        if self.config.mode == "fork":
+            result["zygote"] = child.kind
+        self._send(child.request.client, {"t": "result", "id": child.request.id, "r": result})
 
     def _clean_up_after(self, child: Child) -> None:
         if child.fallback_dir is not None:
@@ -387,6 +435,8 @@ class Supervisor:
                         self._accept()
                     elif kind == "zygote":
                         self._on_zygote(obj)
+                    elif kind == "done":
+                        self._on_notice(obj)
                     else:
                         self._on_child_exit(obj)
         finally:
@@ -432,13 +482,13 @@ def _classify(returncode: int | None, timed_out: bool, stderr: str) -> str:
     return "error"
 
 
-def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -> dict[str, Any]:
+def _result(
+    child: Child, returncode: int, cpu_s: float, max_rss_kb: int, ended: float, ready: bool
+) -> dict[str, Any]:
     assert child.request is not None
     limits = child.request.limits
     exec_s = ended - child.started
     queue_s = child.started - child.request.received
-    cpu_s = rusage.ru_utime + rusage.ru_stime
-    returncode = os.waitstatus_to_exitcode(status)
     if not ready and not child.timed_out:
         detail = readback.read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
         failed = infra(f"codepool: sandbox setup failed: {detail}", latency=queue_s + exec_s)
@@ -459,7 +509,7 @@ def _result(child: Child, status: int, rusage: Any, ended: float, ready: bool) -
         "exec_s": exec_s,
         "queue_s": queue_s,
         "cpu_s": cpu_s,
-        "max_rss_kb": rusage.ru_maxrss,
+        "max_rss_kb": max_rss_kb,
     }
 
 

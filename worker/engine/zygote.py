@@ -145,12 +145,13 @@ def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepar
                 log.warning("the bare zygote serves from its full image: %s", exc)
         serve_natively(control, flags, ready)
         return
+    snippet.done_notice = snippet.say_done
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(control, 4096, 3)
+            message, fds, _, _ = socket.recv_fds(control, 4096, 4)
         except OSError:
             message, fds = b"", []
-        if len(message) < CLONE_REQUEST.size or len(fds) != 3:
+        if len(message) < CLONE_REQUEST.size or len(fds) != 4:
             return  # the supervisor is gone
         (uid,) = CLONE_REQUEST.unpack_from(message)
         fallback_dir = message[CLONE_REQUEST.size :].decode() or None
@@ -161,7 +162,7 @@ def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepar
             control.close()
             if not state.pidns:
                 os.setsid()
-            child_main(ours, *fds)
+            child_main(ours, fds)
         for fd in fds:
             os.close(fd)
         try:
