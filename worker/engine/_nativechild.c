@@ -29,6 +29,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -617,10 +618,26 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
-/* say_done(code): the snippet's end, as snippet.DONE packs it ("=iIqq": exit code,
- * DONE_MAGIC, CPU microseconds and peak RSS in KiB of the child and what it reaped),
- * written to DONE_FD before the exit tears the image down. Best effort: a full or
- * closed pipe leaves the supervisor waiting for the exit instead. */
+/* The last pid given out in the caller's PID namespace: 1 when the child (its init)
+ * never made a process or thread; -1 if unreadable. */
+static int ns_last_pid(void) {
+    int fd = open("/proc/sys/kernel/ns_last_pid", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char buf[16];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    return atoi(buf);
+}
+
+/* say_done(code): the snippet's end, as snippet.DONE_FORMAT packs it ("=iIqqi": exit
+ * code, DONE_MAGIC, CPU microseconds and peak RSS in KiB of the child and what it
+ * reaped, its PID namespace's last pid), written to DONE_FD before the exit tears the
+ * image down. Best effort: a full or closed pipe leaves the supervisor waiting for the
+ * exit instead. */
 #define DONE_MAGIC 0x454e4f44u /* "DONE" */
 static PyObject *say_done(PyObject *self, PyObject *arg) {
     (void)self;
@@ -634,8 +651,10 @@ static PyObject *say_done(PyObject *self, PyObject *arg) {
         int32_t code;
         uint32_t magic;
         int64_t cpu_us, max_rss_kb;
+        int32_t last_pid;
     } notice = {(int32_t)code, DONE_MAGIC, 0,
-                own.ru_maxrss > reaped.ru_maxrss ? own.ru_maxrss : reaped.ru_maxrss};
+                own.ru_maxrss > reaped.ru_maxrss ? own.ru_maxrss : reaped.ru_maxrss,
+                ns_last_pid()};
     const struct timeval *times[4] = {&own.ru_utime, &own.ru_stime, &reaped.ru_utime,
                                       &reaped.ru_stime};
     for (int i = 0; i < 4; i++)
@@ -662,7 +681,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
 
 /* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
  * stale build (an in-place .so left from an older checkout) instead of crashing. */
-#define NATIVE_ABI 5
+#define NATIVE_ABI 6
 
 PyMODINIT_FUNC PyInit__nativechild(void) {
     PyObject *m = PyModule_Create(&module);

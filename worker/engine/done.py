@@ -7,6 +7,9 @@ snippet can write one itself, or garble it: the first ends it there, as its own
 os._exit would, and the second leaves the supervisor waiting for the exit, as before.
 A notice is acted on only with a PID namespace, whose init the child is: killed, it
 can run nothing more, and with no process of its own left, nothing of the snippet can.
+Whether one is left the notice says when the namespace never gave out a pid but the
+child's (a forged "never" lets the snippet's processes outlive its result by the
+teardown, until the kernel kills them with it); otherwise /proc is asked.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Notice:
     code: int
     cpu_s: float
     max_rss_kb: int
+    made_none: bool  # its PID namespace gave out no pid but its own
 
 
 def open_pipe() -> tuple[int, int]:
@@ -42,15 +46,17 @@ def read_notice(fd: int) -> Notice | None:
         return None
     if len(data) != _NOTICE.size:
         return None
-    code, magic, cpu_us, max_rss_kb = _NOTICE.unpack(data)
+    code, magic, cpu_us, max_rss_kb, last_pid = _NOTICE.unpack(data)
     if magic != snippet.DONE_MAGIC or not 0 <= code <= 255 or cpu_us < 0 or max_rss_kb < 0:
         return None
-    return Notice(code, cpu_us / 1e6, max_rss_kb)
+    return Notice(code, cpu_us / 1e6, max_rss_kb, last_pid == 1)
 
 
-def alone(pid: int) -> bool:
-    """Whether process ``pid`` has no child of its own (its PID namespace's orphans are
-    its children too); False when that cannot be read."""
+def alone(pid: int, notice: Notice) -> bool:
+    """Whether process ``pid``, killed at ``notice``, has no child of its own (its PID
+    namespace's orphans are its children too); False when that cannot be read."""
+    if notice.made_none:
+        return True
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:

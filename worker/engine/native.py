@@ -31,7 +31,7 @@ except ImportError:  # built where a compiler was; see setup.py
     _module = None
 
 
-ABI = 5  # _nativechild.c's NATIVE_ABI
+ABI = 6  # _nativechild.c's NATIVE_ABI
 
 
 def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str | None:

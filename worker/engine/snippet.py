@@ -27,10 +27,11 @@ RECORD_FD = 4  # spawn mode, notebook cells: where each cell's record goes (see 
 # Fork mode: the pipe on which a child tells the supervisor its snippet ended, so the
 # result goes out before the exit's teardown of the image (a millisecond or more). Its
 # notice: exit code, DONE_MAGIC, CPU microseconds and peak RSS in KiB of the child and
-# what it reaped (_nativechild.c's say_done writes the same). A snippet can write one
+# what it reaped, and the last pid given out in its PID namespace (1: it never made a
+# process or thread; _nativechild.c's say_done writes the same). A snippet can write one
 # itself: that ends it there, as its own os._exit would.
 DONE_FD = 4
-DONE_FORMAT = "=iIqq"  # struct, imported where it is used: the bare image has none
+DONE_FORMAT = "=iIqqi"  # struct, imported where it is used: the bare image has none
 DONE_MAGIC = 0x454E4F44  # "DONE"
 # What finish calls with the exit code first; set in fork-mode zygotes (say_done, or
 # _nativechild.say_done where the C set-up runs).
@@ -181,7 +182,13 @@ def say_done(code: int) -> None:
     cpu_s = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
     rss = max(own.ru_maxrss, reaped.ru_maxrss)
     try:
-        os.write(DONE_FD, struct.pack(DONE_FORMAT, code, DONE_MAGIC, round(cpu_s * 1e6), rss))
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            last_pid = int(f.read())
+    except (OSError, ValueError):
+        last_pid = -1
+    notice = struct.pack(DONE_FORMAT, code, DONE_MAGIC, round(cpu_s * 1e6), rss, last_pid)
+    try:
+        os.write(DONE_FD, notice)
     except OSError:
         pass  # full or closed: the supervisor waits for the exit instead
 

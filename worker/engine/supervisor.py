@@ -364,7 +364,7 @@ class Supervisor:
             return
         _kill(child.pid, group=False)  # nothing more of it runs, forged notice or not
         child.notice, child.deadline = notice, None
-        if done.alone(child.pid) and self._take_ready(child):
+        if done.alone(child.pid, notice) and self._take_ready(child):
             ended = time.monotonic()
             self._report(child, notice.code, notice.cpu_s, notice.max_rss_kb, ended)
             child.reported = True
