@@ -91,10 +91,14 @@ class CodePool:
             self.conn, self.settings, name=f"producer:{socket.gethostname()}:{os.getpid()}"
         )
         self._live: int | None = None  # live hosts, as the last submit saw them
-        # The next batch's id and first announcement, made after the previous submit:
-        # what RQ takes to make one is then not between a lone call and its result.
+        # The next batch's id and first announcement, made on a thread of the pool's
+        # once a batch's results are in (_want_spare): what RQ takes to make one is then
+        # neither before a submit's round trip nor beside the work it starts.
         self._spare_lock = threading.Lock()
         self._spare: tuple[str, Job] | None = None
+        self._spare_wanted = threading.Event()
+        self._spare_maker: threading.Thread | None = None
+        self._closed = False
         self._watch_lock = threading.Lock()
         self._watched_at = -1e9
         self._watched: int | None = None
@@ -155,16 +159,33 @@ class CodePool:
                 self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
-        if codes:
-            self._make_spare()
         return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s)
 
-    def _make_spare(self) -> None:
-        batch_id = new_batch_id()
-        job = announcement(self._queue, self.settings, batch_id)
+    def _want_spare(self) -> None:
+        """Have the spare thread make the next batch's id and announcement, unless there
+        is one. Called when a batch's results are in: on a 2-core host, making it right
+        after the submit took the core that Redis and the worker needed for the claim."""
         with self._spare_lock:
-            if self._spare is None:
-                self._spare = (batch_id, job)
+            if self._spare is not None or self._closed:
+                return
+            if self._spare_maker is None:
+                self._spare_maker = threading.Thread(
+                    target=self._make_spares, name="codepool-spare", daemon=True
+                )
+                self._spare_maker.start()
+        self._spare_wanted.set()
+
+    def _make_spares(self) -> None:
+        while True:
+            self._spare_wanted.wait()
+            self._spare_wanted.clear()
+            if self._closed:
+                return
+            batch_id = new_batch_id()
+            job = announcement(self._queue, self.settings, batch_id)
+            with self._spare_lock:
+                if self._spare is None:
+                    self._spare = (batch_id, job)
 
     def _store_and_announce(
         self, batch_id: str, spec: bytes, n: int, run: str, reruns: int, made: Job | None = None
@@ -261,6 +282,8 @@ class CodePool:
         return counters.metrics(self.counters(run))
 
     def close(self) -> None:
+        self._closed = True
+        self._spare_wanted.set()
         self.conn.close()
 
 
@@ -359,6 +382,7 @@ class Batch:
                 # of a batch is not waited for.
                 pace_s = (time.monotonic() - self.submitted) / max(1, len(self._results))
                 time.sleep(min(pool.settings.collect_linger_s, left * pace_s))
+        pool._want_spare()  # nothing of this batch waits for it now
         for index in range(self.size):
             if index not in self._results:
                 self._results[index] = infra(message)

@@ -152,11 +152,14 @@ def test_a_job_naming_another_function_is_refused(
 
 
 def test_the_announcement_made_ahead_goes_out_as_made_at_submit(redis_url: str) -> None:
-    # A pool makes its next batch's id and announcement after each submit (no worker
+    # A pool makes its next batch's id and announcement once a batch is in (no worker
     # here: the announcements stay on the queue to be looked at).
     client = redis.Redis.from_url(redis_url)
     pool = CodePool(redis_url)
     first = pool.submit(["print('first')"])
+    assert pool._spare is None, "made beside the work a submit starts"
+    assert first.results(timeout_s=0.1)[0].status == "infra"  # no worker: in, as infra
+    wait_until(lambda: pool._spare is not None, what="the spare announcement")
     spare = pool._spare
     assert spare is not None and spare[0] != first.id
     time.sleep(0.05)

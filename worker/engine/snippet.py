@@ -173,7 +173,10 @@ def finish(code: int) -> NoReturn:
 
 
 def say_done(code: int) -> None:
-    """The notice on DONE_FD, in Python (for children the C set-up does not serve)."""
+    """The notice on DONE_FD, in Python (for children the C set-up does not serve); only
+    a PID namespace's init has its notice read (worker/engine/done.py)."""
+    if os.getpid() != 1:
+        return
     import resource  # both loaded already in every image that calls this (child.py)
     import struct
 
