@@ -84,7 +84,7 @@ class Child:
     deadline: float | None = None
     timed_out: bool = False
     notice: done.Notice | None = None  # its done notice, once it was killed at it
-    reported: bool = False  # its result went out at the notice
+    reported: bool = False  # its result went out (at the notice, or at its exit)
     ready: bool | None = None  # it said "ready" (None: not read yet)
     handed: list[int] = field(default_factory=list)  # the fds it sent with "ready"
 
@@ -367,7 +367,6 @@ class Supervisor:
         if done.alone(child.pid, notice) and self._take_ready(child):
             ended = time.monotonic()
             self._report(child, notice.code, notice.cpu_s, notice.max_rss_kb, ended)
-            child.reported = True
 
     def _forget_notice(self, child: Child) -> None:
         if child.done_fd < 0:
@@ -389,6 +388,7 @@ class Supervisor:
         return child.ready
 
     def _report(self, child: Child, code: int, cpu_s: float, max_rss_kb: int, ended: float) -> None:
+        child.reported = True
         if child.request is None or child.request.client is None:
             return
         ready = bool(child.ready)
