@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 
 from codepool.worker import LocalExecutor
-from codepool.worker.engine import snippet
+from codepool.worker.engine import contract
 from tests.conftest import assert_nothing_left, processes_of
 
 FORGED = (
     "import os, struct\n"
     "print('before', flush=True)\n"
-    f"os.write(4, struct.pack({snippet.DONE_FORMAT!r}, 7, {snippet.DONE_MAGIC}, 0, 0, 1))\n"
+    f"os.write(4, struct.pack({contract.DONE_FORMAT!r}, 7, {contract.DONE_MAGIC}, 0, 0, 1))\n"
     "import time\n"
     "time.sleep(30)\n"
     "print('after', flush=True)\n"

@@ -40,15 +40,26 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+/* The contract with the Python side: contract.py defines each of these once, with why;
+ * they are exported as CONTRACT and native.py refuses a build that disagrees. */
 #define REQUEST_FD 3
-#define DONE_FD 4 /* fork mode: the snippet's end is told here (snippet.DONE_FD) */
+#define DONE_FD 4
 #define SETUP_FAILED_EXIT 126
 #define MAX_OPEN_FILES 256
-#define HEAD_SIZE 26 /* "!IIIIIIBB", child.py's _HEAD */
+#define READY 'R'
+#define HEAD_SIZE 26 /* contract.HEAD_FORMAT */
+#define FLAG_AUTO_PRINT 1
+#define FLAG_RICH_TRACEBACKS 2
+#define DONE_MAGIC 0x454e4f44u /* "DONE" */
+#define FIRST_PID 1
+#define MT_WORDS 624
+/* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
+ * stale build (an in-place .so left from an older checkout) instead of crashing. */
+#define NATIVE_ABI 7
+
 #define MAX_PATHS 64
 #define MAX_RULES 256
 #define MAX_GENERATORS 4
-#define MT_WORDS 624 /* MT19937: CPython's random and numpy's legacy RandomState */
 
 #ifndef SYS_landlock_create_ruleset
 #define SYS_landlock_create_ruleset 444
@@ -385,15 +396,16 @@ static PyObject *child(const struct plan *p, int control, int uid, int fds[4]) {
     set_limit(RLIMIT_CORE, 0, "RLIMIT_CORE");
     set_limit(RLIMIT_NPROC, procs + (uid >= 0 ? 0 : p->nproc_headroom), "RLIMIT_NPROC");
     /* Ready: anything after this is the user's doing. */
-    while (write(REQUEST_FD, "R", 1) < 0)
+    const char ready = READY;
+    while (write(REQUEST_FD, &ready, 1) < 0)
         if (errno != EINTR)
             fail("say ready", errno);
     if (p->spawn)
         close(DONE_FD); /* a spawned interpreter's end is its exit */
     else
         close(REQUEST_FD);
-    int flags = head[24] ? 1 : 0;
-    flags |= head[25] ? 2 : 0;
+    int flags = head[24] ? FLAG_AUTO_PRINT : 0;
+    flags |= head[25] ? FLAG_RICH_TRACEBACKS : 0;
     return Py_BuildValue("(Ni)", code, flags);
 }
 
@@ -633,28 +645,34 @@ static int ns_last_pid(void) {
     return atoi(buf);
 }
 
-/* say_done(code): the snippet's end, as snippet.DONE_FORMAT packs it ("=iIqqi": exit
- * code, DONE_MAGIC, CPU microseconds and peak RSS in KiB of the child and what it
- * reaped, its PID namespace's last pid), written to DONE_FD before the exit tears the
- * image down. Best effort: a full or closed pipe leaves the supervisor waiting for the
- * exit instead. */
-#define DONE_MAGIC 0x454e4f44u /* "DONE" */
+/* The done notice, as contract.DONE_FORMAT packs it. */
+struct __attribute__((packed)) notice {
+    int32_t code;
+    uint32_t magic;
+    int64_t cpu_us, max_rss_kb;
+    int32_t last_pid;
+};
+#define DONE_SIZE ((int)sizeof(struct notice))
+
+/* say_done(code): the snippet's end (exit code, or minus the signal that ended it), CPU
+ * microseconds and peak RSS in KiB of the child and what it reaped, its PID namespace's
+ * last pid, written to DONE_FD before the exit tears the image down. Said only by the
+ * snippet's first process (FIRST_PID, its namespace's init): a process it forked ends
+ * in its own way and the snippet goes on. Best effort: a full or closed pipe leaves the
+ * supervisor waiting for the exit instead. */
 static PyObject *say_done(PyObject *self, PyObject *arg) {
     (void)self;
     long code = PyLong_AsLong(arg);
     if (code == -1 && PyErr_Occurred())
         return NULL;
+    if (getpid() != FIRST_PID)
+        Py_RETURN_NONE;
     struct rusage own, reaped;
     if (getrusage(RUSAGE_SELF, &own) < 0 || getrusage(RUSAGE_CHILDREN, &reaped) < 0)
         Py_RETURN_NONE;
-    struct __attribute__((packed)) {
-        int32_t code;
-        uint32_t magic;
-        int64_t cpu_us, max_rss_kb;
-        int32_t last_pid;
-    } notice = {(int32_t)code, DONE_MAGIC, 0,
-                own.ru_maxrss > reaped.ru_maxrss ? own.ru_maxrss : reaped.ru_maxrss,
-                ns_last_pid()};
+    struct notice notice = {(int32_t)code, DONE_MAGIC, 0,
+                            own.ru_maxrss > reaped.ru_maxrss ? own.ru_maxrss : reaped.ru_maxrss,
+                            ns_last_pid()};
     const struct timeval *times[4] = {&own.ru_utime, &own.ru_stime, &reaped.ru_utime,
                                       &reaped.ru_stime};
     for (int i = 0; i < 4; i++)
@@ -679,13 +697,31 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
                                     "The zygote's clone loop and a child's set-up, in C.", -1,
                                     methods};
 
-/* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
- * stale build (an in-place .so left from an older checkout) instead of crashing. */
-#define NATIVE_ABI 6
+#ifndef NATIVE_ABI
+#define NATIVE_ABI 0 /* no C set-up on this platform */
+#endif
+
+/* CONTRACT: this build's copy of every constant contract.py defines for both sides. */
+static PyObject *contract(void) {
+#ifdef __linux__
+    return Py_BuildValue(
+        "{sisisisisisisisisisksisisi}", "REQUEST_FD", REQUEST_FD, "DONE_FD", DONE_FD,
+        "SETUP_FAILED_EXIT", SETUP_FAILED_EXIT, "MAX_OPEN_FILES", MAX_OPEN_FILES, "READY",
+        READY, "HEAD_SIZE", HEAD_SIZE, "FLAG_AUTO_PRINT", FLAG_AUTO_PRINT,
+        "FLAG_RICH_TRACEBACKS", FLAG_RICH_TRACEBACKS, "DONE_SIZE", DONE_SIZE, "DONE_MAGIC",
+        (unsigned long)DONE_MAGIC, "FIRST_PID", FIRST_PID, "MT_WORDS", MT_WORDS, "NATIVE_ABI",
+        NATIVE_ABI);
+#else
+    return PyDict_New();
+#endif
+}
 
 PyMODINIT_FUNC PyInit__nativechild(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0) {
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0 ||
+        PyModule_AddObject(m, "CONTRACT", contract()) < 0) {
         Py_DECREF(m);
         return NULL;
     }

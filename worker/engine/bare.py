@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from codepool.worker.engine import snippet
+from codepool.worker.engine import contract, snippet
 
 BOOT = "from codepool.worker.engine import bare; bare.main()"
 
@@ -68,8 +68,12 @@ def main() -> NoReturn:
     payload, flags = got
     if flags < 0:  # a request with inputs: never routed here
         os.write(2, b"codepool: a request with inputs reached the bare zygote\n")
-        os._exit(snippet.SETUP_FAILED_EXIT)
-    snippet.run_snippet(payload, auto_print=bool(flags & 1), rich=bool(flags & 2))
+        os._exit(contract.SETUP_FAILED_EXIT)
+    snippet.run_snippet(
+        payload,
+        auto_print=bool(flags & contract.FLAG_AUTO_PRINT),
+        rich=bool(flags & contract.FLAG_RICH_TRACEBACKS),
+    )
 
 
 def vm_size_bytes() -> int:

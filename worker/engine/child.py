@@ -24,11 +24,17 @@ from typing import Any, NoReturn
 from codepool.common import codec
 from codepool.common.limits import Limits
 from codepool.common.snippet import Snippet
-from codepool.worker.engine import cells, inputs, isolation, landlock, linux, seccomp, snippet
-
-REQUEST_FD = 3
-READY = b"R"
-MAX_OPEN_FILES = 256
+from codepool.worker.engine import (
+    cells,
+    contract,
+    inputs,
+    isolation,
+    landlock,
+    linux,
+    seccomp,
+    snippet,
+)
+from codepool.worker.engine.contract import MAX_OPEN_FILES, READY, REQUEST_FD
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class ChildPlan:
 
 def child_main(plan: ChildPlan, fds: list[int]) -> NoReturn:
     """Entry point in the cloned child, given the request socket, stdout, stderr and the
-    done pipe (snippet.DONE_FD); never returns."""
+    done pipe (contract.DONE_FD); never returns."""
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         # fds first, so a setup failure lands in the snippet's stderr for the zygote to read.
@@ -96,7 +102,11 @@ def native_child_main(plan: ChildPlan, payload: bytes, flags: int, *, reseeded: 
     if flags >= 0 and plan.mode == "fork" and reseeded:
         # The common case, with nothing more to build: every object made or touched
         # here is pages the child copies.
-        snippet.run_snippet(payload, auto_print=bool(flags & 1), rich=bool(flags & 2))
+        snippet.run_snippet(
+            payload,
+            auto_print=bool(flags & contract.FLAG_AUTO_PRINT),
+            rich=bool(flags & contract.FLAG_RICH_TRACEBACKS),
+        )
     try:
         if not reseeded:
             _reseed()
@@ -104,7 +114,9 @@ def native_child_main(plan: ChildPlan, payload: bytes, flags: int, *, reseeded: 
             request = Request.decode(payload)
             record_fd = _start(plan, request, plan.env)
         else:
-            request = Request(payload, bool(flags & 1), 0, 0, 0, 0, bool(flags & 2))
+            auto_print = bool(flags & contract.FLAG_AUTO_PRINT)
+            rich = bool(flags & contract.FLAG_RICH_TRACEBACKS)
+            request = Request(payload, auto_print, 0, 0, 0, 0, rich)
             record_fd = None
             if plan.mode == "spawn":
                 _exec_interpreter(request, None, plan.env)
@@ -122,7 +134,7 @@ def _start(plan: ChildPlan, request: Request, env: dict[str, str]) -> int | None
     _apply_limits(request, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
     record_fd = inputs.say_ready(REQUEST_FD, READY, fetch=request.fetch, cells=request.cells)
     if plan.mode == "spawn":
-        os.close(snippet.DONE_FD)  # a spawned interpreter's end is its exit
+        os.close(contract.DONE_FD)  # a spawned interpreter's end is its exit
         _exec_interpreter(request, record_fd, env)
     os.close(REQUEST_FD)
     return record_fd
@@ -140,7 +152,7 @@ def _setup_failed() -> NoReturn:
     try:
         os.write(2, traceback.format_exc().encode("utf-8", "replace"))
     finally:
-        os._exit(snippet.SETUP_FAILED_EXIT)
+        os._exit(contract.SETUP_FAILED_EXIT)
 
 
 # What a child may write and read besides the plan's read-only paths: with a PID
@@ -167,21 +179,20 @@ def _arrange_fds(fds: list[int], *, keep: range) -> None:
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     os.dup2(request_fd, REQUEST_FD)
-    os.dup2(done_fd, snippet.DONE_FD)
+    os.dup2(done_fd, contract.DONE_FD)
     # Nothing of the zygote's (client sockets, other children's files) stays reachable;
     # the Landlock layer's fds (``keep``) are closed when it is in place.
     top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    os.closerange(snippet.DONE_FD + 1, keep.start if keep else top)
+    os.closerange(contract.DONE_FD + 1, keep.start if keep else top)
     if keep:
         os.closerange(keep.stop, top)
 
 
-# What the supervisor sends a waiting child: a fixed header, the code, and (only when the
-# snippet has any) its inputs as msgpack. Plain bytes and struct, not msgpack for all of
-# it: every code path a child runs first is pages it faults in, and most snippets have no
-# inputs. Header: code bytes, inputs bytes, cpu_s, memory_mb, max_file_mb, max_procs,
-# auto_print, rich_tracebacks.
-_HEAD = struct.Struct("!IIIIIIBB")
+# What the supervisor sends a waiting child (contract.HEAD_FORMAT). Plain bytes and
+# struct, not msgpack for all of it: every code path a child runs first is pages it
+# faults in, and most snippets have no inputs.
+_HEAD = struct.Struct(contract.HEAD_FORMAT)
+assert _HEAD.size == contract.HEAD_SIZE
 
 
 @dataclass(frozen=True)
@@ -336,8 +347,8 @@ def _exec_interpreter(request: Request, record_fd: int | None, env: dict[str, st
         argv.append("--rich-tracebacks")
     if request.cells is not None:
         assert record_fd is not None
-        if record_fd != snippet.RECORD_FD:
-            os.dup2(record_fd, snippet.RECORD_FD)
-        os.set_inheritable(snippet.RECORD_FD, True)
+        if record_fd != contract.RECORD_FD:
+            os.dup2(record_fd, contract.RECORD_FD)
+        os.set_inheritable(contract.RECORD_FD, True)
         argv += ["--cells", "" if request.cell_timeout_s is None else str(request.cell_timeout_s)]
     os.execve(sys.executable, argv, env)

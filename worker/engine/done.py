@@ -18,9 +18,10 @@ import os
 import struct
 from dataclasses import dataclass
 
-from codepool.worker.engine import snippet
+from codepool.worker.engine import contract
 
-_NOTICE = struct.Struct(snippet.DONE_FORMAT)
+_NOTICE = struct.Struct(contract.DONE_FORMAT)
+assert _NOTICE.size == contract.DONE_SIZE
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def read_notice(fd: int) -> Notice | None:
     if len(data) != _NOTICE.size:
         return None
     code, magic, cpu_us, max_rss_kb, last_pid = _NOTICE.unpack(data)
-    if magic != snippet.DONE_MAGIC or not 0 <= code <= 255 or cpu_us < 0 or max_rss_kb < 0:
+    if magic != contract.DONE_MAGIC or not -64 <= code <= 255 or cpu_us < 0 or max_rss_kb < 0:
         return None
     return Notice(code, cpu_us / 1e6, max_rss_kb, last_pid == 1)
 

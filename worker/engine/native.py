@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from codepool.worker.engine import child, isolation, landlock, linux, snippet
+from codepool.worker.engine import child, contract, isolation, landlock, linux, snippet
 from codepool.worker.engine.child import ChildPlan
 
 _module: ModuleType | None
@@ -29,9 +29,6 @@ try:
     _module = _nativechild
 except ImportError:  # built where a compiler was; see setup.py
     _module = None
-
-
-ABI = 6  # _nativechild.c's NATIVE_ABI
 
 
 def unavailable(plan: ChildPlan, *, single_threaded: bool, wanted: bool) -> str | None:
@@ -54,12 +51,26 @@ def unavailable_here() -> str | None:
     """Why this install has no usable C set-up at all; None when it has one."""
     if _module is None:
         return "the C extension was not built (no compiler at install time)"
-    if getattr(_module, "ABI", None) != ABI:
-        return "the C extension is a stale build: reinstall codepool (pip install -e .)"
+    differs = contract_differences()
+    if differs:
+        return (
+            "the C extension is a stale build or disagrees with contract.py "
+            f"({'; '.join(differs)}): reinstall codepool (pip install -e .)"
+        )
     return None
 
 
-_MT_WORDS = 624
+def contract_differences() -> list[str]:
+    """Each constant of contract.SHARED that the built C module defines otherwise."""
+    assert _module is not None
+    theirs = getattr(_module, "CONTRACT", {})
+    return [
+        f"{name}: C {theirs.get(name)!r}, Python {ours!r}"
+        for name, ours in contract.SHARED.items()
+        if theirs.get(name) != ours
+    ]
+
+
 _TEST_KEY = bytes(range(256)) * 9 + bytes(range(192))  # 624 words, no two alike nearby
 
 
@@ -91,7 +102,7 @@ def generators() -> tuple[list[tuple[int, int]], bool]:
         except (AttributeError, TypeError):
             complete = False
         else:
-            position = key + 4 * _MT_WORDS
+            position = key + 4 * contract.MT_WORDS
 
             def legacy_state() -> tuple[int, ...]:
                 _, words, pos, *_ = numpy_random.get_state()
@@ -102,7 +113,7 @@ def generators() -> tuple[list[tuple[int, int]], bool]:
             else:
                 complete = False
         np = sys.modules["numpy"]
-        numpy_random.seed(np.frombuffer(os.urandom(4 * _MT_WORDS), dtype="uint32"))
+        numpy_random.seed(np.frombuffer(os.urandom(4 * contract.MT_WORDS), dtype="uint32"))
     return found, complete
 
 
@@ -110,7 +121,7 @@ def _writes_as_expected(key: int, position: int, state: Callable[[], tuple[int, 
     assert _module is not None
     # Only ever addresses inside live objects: a wrong guess about their layout writes
     # garbage into the generator's own state, which the reseeds after this replace.
-    expected = (*struct.unpack(f"={_MT_WORDS}I", _TEST_KEY), _MT_WORDS)
+    expected = (*struct.unpack(f"={contract.MT_WORDS}I", _TEST_KEY), contract.MT_WORDS)
     _module.write_state(key, position, _TEST_KEY)
     try:
         return tuple(state()) == expected

@@ -16,25 +16,17 @@ import types
 from typing import TYPE_CHECKING, NoReturn
 
 from codepool.common.autoprint import FILENAME, compile_snippet
+from codepool.worker.engine import contract
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import TextIO
 
-CODE_FD = 3
-SETUP_FAILED_EXIT = 126  # a child whose set-up failed before the user's first line
-RECORD_FD = 4  # spawn mode, notebook cells: where each cell's record goes (see cells.py)
-# Fork mode: the pipe on which a child tells the supervisor its snippet ended, so the
-# result goes out before the exit's teardown of the image (a millisecond or more). Its
-# notice: exit code, DONE_MAGIC, CPU microseconds and peak RSS in KiB of the child and
-# what it reaped, and the last pid given out in its PID namespace (1: it never made a
-# process or thread; _nativechild.c's say_done writes the same). A snippet can write one
+CODE_FD = contract.REQUEST_FD  # spawn mode: the source, where the request socket was
+# What finish calls with the exit code first, to tell the supervisor the snippet ended
+# before the exit's teardown of the image (a millisecond or more; see done.py): say_done,
+# or _nativechild.say_done where the C module was built. A snippet can write a notice
 # itself: that ends it there, as its own os._exit would.
-DONE_FD = 4
-DONE_FORMAT = "=iIqqi"  # struct, imported where it is used: the bare image has none
-DONE_MAGIC = 0x454E4F44  # "DONE"
-# What finish calls with the exit code first; set in fork-mode zygotes (say_done, or
-# _nativechild.say_done where the C set-up runs).
 done_notice: Callable[[int], object] | None = None
 
 
@@ -173,9 +165,9 @@ def finish(code: int) -> NoReturn:
 
 
 def say_done(code: int) -> None:
-    """The notice on DONE_FD, in Python (for children the C set-up does not serve); only
-    a PID namespace's init has its notice read (worker/engine/done.py)."""
-    if os.getpid() != 1:
+    """The notice on contract.DONE_FD, in Python (where the C module was not built); only
+    the snippet's first process says it (contract.FIRST_PID)."""
+    if os.getpid() != contract.FIRST_PID:
         return
     import resource  # both loaded already in every image that calls this (child.py)
     import struct
@@ -189,9 +181,11 @@ def say_done(code: int) -> None:
             last_pid = int(f.read())
     except (OSError, ValueError):
         last_pid = -1
-    notice = struct.pack(DONE_FORMAT, code, DONE_MAGIC, round(cpu_s * 1e6), rss, last_pid)
+    notice = struct.pack(
+        contract.DONE_FORMAT, code, contract.DONE_MAGIC, round(cpu_s * 1e6), rss, last_pid
+    )
     try:
-        os.write(DONE_FD, notice)
+        os.write(contract.DONE_FD, notice)
     except OSError:
         pass  # full or closed: the supervisor waits for the exit instead
 
@@ -250,7 +244,7 @@ def main() -> NoReturn:
 
         timeout = flags[flags.index("--cells") + 1]
         cell_timeout_s = float(timeout) if timeout else None
-        cells.run_cells(json.loads(source), cell_timeout_s, RECORD_FD, rich=rich)
+        cells.run_cells(json.loads(source), cell_timeout_s, contract.RECORD_FD, rich=rich)
     run_snippet(source, auto_print="--auto-print" in flags, rich=rich)
 
 
