@@ -245,7 +245,8 @@ def test_the_waiting_childs_warm_up_leaves_no_trace(executor: LocalExecutor) -> 
         "import sys, builtins\n"
         "print(sorted(globals()), 'value' in vars(builtins), len(sys.modules['linecache'].cache))"
     )
-    fresh = "['__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__'"
+    fresh = "['__annotations__', '__builtins__', '__doc__', '__loader__', '__name__', '__package__'"
+    fresh += ", '__spec__'"
     plain, heavy = executor.run_many([code, "import numpy\n" + code])
     assert plain.stdout == fresh + ", 'builtins', 'sys'] False 0\n", plain
     assert heavy.stdout == fresh + ", 'builtins', 'numpy', 'sys'] False 0\n", heavy
@@ -333,13 +334,10 @@ def test_only_stdio_and_the_done_pipe_are_open(executor: LocalExecutor) -> None:
         "    print(stat.S_ISFIFO(os.fstat(4).st_mode), os.get_blocking(4))\n"
         "    os.read(4, 1)\n"
     )
-    # listdir itself holds one fd open while it reads the directory. In fork mode fd 4
-    # is the done pipe's write end (worker/engine/done.py), which cannot be read.
-    if executor.mode == "fork":
-        assert r.stdout == "[0, 1, 2, 3, 4]\nTrue False\n"
-        assert r.stderr.rstrip().endswith("OSError: [Errno 9] Bad file descriptor")
-    else:
-        assert r.stdout == "[0, 1, 2, 3]\n"
+    # listdir itself holds one fd open while it reads the directory. fd 4 is the done
+    # pipe's write end (worker/engine/done.py), which cannot be read.
+    assert r.stdout == "[0, 1, 2, 3, 4]\nTrue False\n"
+    assert r.stderr.rstrip().endswith("OSError: [Errno 9] Bad file descriptor")
     assert_nothing_left(executor)
 
 

@@ -117,6 +117,9 @@ struct plan {
     int *mt_positions[MAX_GENERATORS];
     int ngenerators;
     PyObject *warm; /* called in each waiting child before it reads its request, or NULL */
+    /* SIGINT as a snippet has it (Python's handler: KeyboardInterrupt); the zygote
+     * itself ignores it, its owner's to act on. */
+    struct sigaction sigint;
 };
 
 static void fail(const char *what, int err) {
@@ -351,6 +354,8 @@ static void reseed(const struct plan *p) {
 static PyObject *child(const struct plan *p, int control, int uid, int fds[4]) {
     close(control);
     check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG");
+    /* Spawn mode: a handler becomes the default at exec, and Python installs its own. */
+    check(sigaction(SIGINT, &p->sigint, NULL), "sigaction");
     arrange_fds(p, fds);
     reseed(p);
     setup_mounts(p, uid);
@@ -400,9 +405,7 @@ static PyObject *child(const struct plan *p, int control, int uid, int fds[4]) {
     while (write(REQUEST_FD, &ready, 1) < 0)
         if (errno != EINTR)
             fail("say ready", errno);
-    if (p->spawn)
-        close(DONE_FD); /* a spawned interpreter's end is its exit */
-    else
+    if (!p->spawn) /* spawn: the source takes its place (child._exec_interpreter) */
         close(REQUEST_FD);
     int flags = head[24] ? FLAG_AUTO_PRINT : 0;
     flags |= head[25] ? FLAG_RICH_TRACEBACKS : 0;
@@ -574,6 +577,14 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     p.warm = warm == Py_None ? NULL : warm; /* the caller's reference outlives serve */
+    /* The caller set the snippets' signal dispositions (snippet.reference_signals). */
+    struct sigaction ignore;
+    memset(&ignore, 0, sizeof ignore);
+    ignore.sa_handler = SIG_IGN;
+    if (sigaction(SIGINT, &ignore, &p.sigint) < 0) {
+        PyBuffer_Release(&filter);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
     p.clone_flags = clone_flags;
     p.spawn = spawn;
     p.tmpfs_options = tmpfs_options;
@@ -682,7 +693,41 @@ static PyObject *say_done(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* run_main(code, globals): evaluate ``code`` as the bottom of the Python stack, as a
+ * fresh interpreter runs ``python -c``'s: no frame of the harness below it (f_back,
+ * traceback.print_stack, inspect.stack), and the recursion depth a fresh interpreter
+ * starts from. The frames below are hidden, not gone: they are linked back once it
+ * returns. Where this CPython's layout is not known here (HIDES_FRAMES 0) it is plain
+ * evaluation. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define HIDES_FRAMES 1
+#else
+#define HIDES_FRAMES 0
+#endif
+static PyObject *run_main(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *code, *globals;
+    if (!PyArg_ParseTuple(args, "O!O!:run_main", &PyCode_Type, &code, &PyDict_Type, &globals))
+        return NULL;
+#if HIDES_FRAMES
+    PyThreadState *ts = PyThreadState_Get();
+    _PyCFrame *cframe = ts->cframe;
+    struct _PyInterpreterFrame *below = cframe->current_frame;
+    int depth = ts->recursion_limit - ts->recursion_remaining;
+    cframe->current_frame = NULL;
+    ts->recursion_remaining = ts->recursion_limit;
+    PyObject *result = PyEval_EvalCode(code, globals, globals);
+    cframe->current_frame = below;
+    /* The snippet may have changed the limit; the depth below is what it was. */
+    ts->recursion_remaining = ts->recursion_limit - depth;
+    return result;
+#else
+    return PyEval_EvalCode(code, globals, globals);
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"run_main", run_main, METH_VARARGS, "Evaluate code with no harness frame below it."},
     {"say_done", say_done, METH_O, "Tell the supervisor the snippet ended with this code."},
     {"serve", (PyCFunction)(void (*)(void))serve, METH_VARARGS | METH_KEYWORDS,
      "Run the zygote's clone loop; returns None here, a request in each child."},
@@ -721,6 +766,9 @@ PyMODINIT_FUNC PyInit__nativechild(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0 ||
+#ifdef __linux__
+        PyModule_AddIntConstant(m, "HIDES_FRAMES", HIDES_FRAMES) < 0 ||
+#endif
         PyModule_AddObject(m, "CONTRACT", contract()) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -1,8 +1,12 @@
 # The C extension built from _nativechild.c (see native.py).
 
 from collections.abc import Callable
+from types import CodeType
+from typing import Any
 
 ABI: int
+CONTRACT: dict[str, int]
+HIDES_FRAMES: int
 
 def serve(
     *,
@@ -32,4 +36,5 @@ def serve(
     warm: Callable[[], object] | None = None,
 ) -> tuple[bytes, int] | None: ...
 def say_done(code: int, /) -> None: ...
+def run_main(code: CodeType, globals: dict[str, Any], /) -> Any: ...
 def write_state(key_address: int, position_address: int, key: bytes, /) -> None: ...

@@ -25,7 +25,8 @@ from typing import Any, NoReturn
 
 from codepool.worker.engine import contract, snippet
 
-BOOT = "from codepool.worker.engine import bare; bare.main()"
+# ``python -B -c``, as the reference's snippets see it; the cwd is not searched.
+BOOT = "import sys; del sys.path[0]; from codepool.worker.engine import bare; bare.main()"
 
 
 def become(arguments: dict[str, Any], keep_fds: list[int]) -> NoReturn:
@@ -42,7 +43,7 @@ def become(arguments: dict[str, Any], keep_fds: list[int]) -> NoReturn:
         os.write(carrier, marshal.dumps(arguments))
         for fd in [carrier, *keep_fds]:
             os.set_inheritable(fd, True)
-        os.execv(sys.executable, [sys.executable, "-P", "-B", "-c", BOOT, str(carrier)])
+        os.execv(sys.executable, [sys.executable, "-B", "-c", BOOT, str(carrier)])
     except OSError:
         os.close(carrier)  # the caller serves from this image
         raise
@@ -62,6 +63,7 @@ def main() -> NoReturn:
     gc.freeze()  # as in any zygote: the collector leaves the shared pages alone
     arguments["vm_baseline"] = vm_size_bytes()  # this image's, not the one before exec
     snippet.done_notice = _nativechild.say_done
+    snippet.reference_signals()  # the children's; serve() ignores SIGINT here
     got = _nativechild.serve(**arguments, warm=snippet.warm_up)
     if got is None:
         os._exit(0)  # the supervisor is gone

@@ -63,6 +63,7 @@ def child_main(plan: ChildPlan, fds: list[int]) -> NoReturn:
     done pipe (contract.DONE_FD); never returns."""
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        snippet.reference_signals()
         # fds first, so a setup failure lands in the snippet's stderr for the zygote to read.
         _arrange_fds(fds, keep=plan.guard.fd_range)
         cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
@@ -134,7 +135,6 @@ def _start(plan: ChildPlan, request: Request, env: dict[str, str]) -> int | None
     _apply_limits(request, plan.vm_baseline_bytes, nproc_headroom=_nproc_headroom(plan))
     record_fd = inputs.say_ready(REQUEST_FD, READY, fetch=request.fetch, cells=request.cells)
     if plan.mode == "spawn":
-        os.close(contract.DONE_FD)  # a spawned interpreter's end is its exit
         _exec_interpreter(request, record_fd, env)
     os.close(REQUEST_FD)
     return record_fd
@@ -340,7 +340,7 @@ def _exec_interpreter(request: Request, record_fd: int | None, env: dict[str, st
     os.lseek(source_fd, 0, os.SEEK_SET)
     os.dup2(source_fd, snippet.CODE_FD)
     os.close(source_fd)
-    argv = [sys.executable, "-I", "-B", "-m", "codepool.worker.engine.snippet"]
+    argv = [sys.executable, "-B", "-c", snippet.SPAWN_BOOT]
     if request.auto_print:
         argv.append("--auto-print")
     if request.rich_tracebacks:

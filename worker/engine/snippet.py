@@ -1,28 +1,45 @@
 """Run one snippet as ``python -c`` would, inside an already isolated child.
 
-Fork mode calls :func:`run_snippet` in the forked child; spawn mode runs this module
-in a fresh interpreter (``python -I -B -m codepool.worker.engine.snippet``) with the source on
-fd 3. Either way the process exits with the snippet's exit code, tracebacks show only
-``<sandbox>`` frames, and stdout/stderr are fds 1 and 2.
+Fork mode calls :func:`run_snippet` in the forked child; spawn mode runs it in a fresh
+interpreter (``python -B -c SPAWN_BOOT``) with the source on fd 3. Either way the
+snippet sees what ``python -B -c`` would show it: a ``__main__`` and stdio made as
+Python makes them, no frame of the harness below its own (``_nativechild.run_main``),
+the signal dispositions of a fresh interpreter, errors printed by ``sys.excepthook``
+(so "Did you mean" and the rest of the interpreter's own wording), and an end as
+Python's: threads waited for, atexit run, the exit code (or the signal, after an
+unhandled KeyboardInterrupt). Its frames are named ``<sandbox>``. What still differs
+from the reference, and why, is listed in the README.
 """
 
 from __future__ import annotations
 
+import _signal
 import atexit
+import builtins
+import io
 import linecache
 import os
 import sys
 import types
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from codepool.common.autoprint import FILENAME, compile_snippet
 from codepool.worker.engine import contract
 
+try:
+    from codepool.worker.engine._nativechild import run_main as _evaluate
+except ImportError:  # no compiler at install time: the harness's frames show below
+    _evaluate = None
+
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import TextIO
 
 CODE_FD = contract.REQUEST_FD  # spawn mode: the source, where the request socket was
+# Spawn mode's interpreter: as the reference's, ``python -B -c``; the work dir, the
+# snippet's own files, is not searched for the runner's modules.
+SPAWN_BOOT = (
+    "import sys; del sys.path[0]; from codepool.worker.engine import snippet; snippet.main()"
+)
 # What finish calls with the exit code first, to tell the supervisor the snippet ended
 # before the exit's teardown of the image (a millisecond or more; see done.py): say_done,
 # or _nativechild.say_done where the C module was built. A snippet can write a notice
@@ -41,23 +58,50 @@ class Fresh:
 
     __slots__ = ("main", "stderr", "stdin", "stdout")
 
-    def __init__(
-        self, *, main: types.ModuleType, stdin: TextIO, stdout: TextIO, stderr: TextIO
-    ) -> None:
+    def __init__(self, *, main: types.ModuleType, stdin: Any, stdout: Any, stderr: Any) -> None:
         self.main, self.stdin, self.stdout, self.stderr = main, stdin, stdout, stderr
 
     @classmethod
-    def create(cls) -> Fresh:
-        main = types.ModuleType("__main__")
-        main.__dict__["__builtins__"] = __builtins__
+    def create(cls, *, unbuffered: bool = False) -> Fresh:
+        """As a fresh ``python -c`` makes them, in this interpreter's locale: the streams'
+        encodings and error handlers are those Python chose for this process's own, and
+        its output files are no terminal. ``unbuffered``: as with PYTHONUNBUFFERED."""
+        own = sys.__stdout__ or sys.stdout
+        encoding = getattr(own, "encoding", None) or "utf-8"
+        errors = getattr(own, "errors", None) or "strict"
         return cls(
-            main=main,
-            stdin=open(0, encoding="utf-8", errors="replace", closefd=False),
-            stdout=open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
-            stderr=open(
-                2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1
-            ),
+            main=fresh_main(),
+            stdin=_stdio(0, "<stdin>", encoding, errors, unbuffered=False),
+            stdout=_stdio(1, "<stdout>", encoding, errors, unbuffered=unbuffered),
+            stderr=_stdio(2, "<stderr>", encoding, "backslashreplace", unbuffered=unbuffered),
         )
+
+
+def fresh_main() -> types.ModuleType:
+    """``__main__`` as ``python -c`` has it before the first line."""
+    main = types.ModuleType("__main__")
+    main.__loader__ = builtins.__loader__  # BuiltinImporter, as the reference's
+    main.__dict__.update(__annotations__={}, __builtins__=builtins)
+    return main
+
+
+def _stdio(fd: int, name: str, encoding: str, errors: str, *, unbuffered: bool) -> io.TextIOWrapper:
+    # CPython's create_stdio, for a stream that is no terminal.
+    writing = fd != 0
+    buffered = not (unbuffered and writing)
+    binary = open(fd, "wb" if writing else "rb", -1 if buffered else 0, closefd=False)
+    raw = binary.raw if buffered else binary
+    raw.name = name
+    stream = io.TextIOWrapper(
+        binary,
+        encoding,
+        errors,
+        "\n",
+        line_buffering=buffered and fd == 2,
+        write_through=not buffered,
+    )
+    stream.mode = "w" if writing else "r"
+    return stream
 
 
 def format_exception(exc: BaseException, first_frame: Callable[[str], bool]) -> str:
@@ -122,6 +166,25 @@ def _threads_to_finish(threading: types.ModuleType) -> bool:
         return True
 
 
+def reference_signals() -> None:
+    """Signal dispositions as a fresh ``python -c`` has them: Python's handler for
+    SIGINT (KeyboardInterrupt), SIGPIPE and SIGXFSZ ignored, every other signal's
+    default. (The zygote's own are its owner's: SIGINT ignored, SIGTERM an exit.)"""
+    for signum in range(1, _signal.NSIG):
+        if signum in (_signal.SIGKILL, _signal.SIGSTOP):
+            continue
+        wanted: Any = _signal.SIG_DFL
+        if signum == _signal.SIGINT:
+            wanted = _signal.default_int_handler
+        elif signum in (_signal.SIGPIPE, _signal.SIGXFSZ):
+            wanted = _signal.SIG_IGN
+        try:
+            if _signal.getsignal(signum) != wanted:
+                _signal.signal(signum, wanted)
+        except (OSError, ValueError):  # the C library's own (32, 33): never settable
+            pass
+
+
 def prepare(fresh: Fresh) -> None:
     """Make this process look like a fresh ``python -c`` (before the source is known)."""
     sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc,assignment]
@@ -132,6 +195,11 @@ def prepare(fresh: Fresh) -> None:
     if not sys.path or sys.path[0] != "":
         sys.path.insert(0, "")  # like `python -c`: the snippet may import from its cwd
     sys.modules["__main__"] = fresh.main
+    logging = sys.modules.get("logging")
+    if logging is not None:  # configured by the zygote for its own lines: unconfigure
+        for handler in logging.root.handlers[:]:
+            logging.root.removeHandler(handler)
+        logging.root.setLevel(logging.WARNING)
 
 
 # A snippet's first lines write to pages the child shares with its zygote (the
@@ -157,10 +225,16 @@ def warm_up() -> None:
 
 
 def finish(code: int) -> NoReturn:
-    """Flush what the snippet printed, tell the supervisor, and exit with ``code``."""
+    """Flush what the snippet printed, tell the supervisor, and exit with ``code``;
+    a negative code ends the process by that signal, as Python does after an unhandled
+    KeyboardInterrupt."""
     _flush()
     if done_notice is not None:
         done_notice(code)
+    if code < 0:
+        _signal.signal(-code, _signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code  # a PID namespace's init outlives its own signal: its notice said it
     os._exit(code)
 
 
@@ -191,15 +265,26 @@ def say_done(code: int) -> None:
 
 
 def run_snippet(source: bytes, *, auto_print: bool, rich: bool = False) -> NoReturn:
-    """Execute ``source`` as ``__main__`` and exit the process with its exit code.
+    """Execute ``source`` as ``__main__`` and end the process as ``python -c`` would.
 
     Call :func:`prepare` first (fork mode does so while waiting for the request).
     rich: tracebacks show source lines and markers.
     """
-    main = sys.modules["__main__"]
+    sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", os.fsdecode(source)]
     if rich:
         remember_source(FILENAME, source)
-    code = 0
+    code = run_main(source, sys.modules["__main__"].__dict__, auto_print=auto_print, rich=rich)
+    try:
+        finish_threads_and_atexit()
+    except BaseException as exc:  # as Python's own exit reports it: and goes on
+        sys.stderr.write("Exception ignored on threading shutdown:\n")
+        sys.stderr.write(format_exception(exc, lambda _: True))
+    finish(code)
+
+
+def run_main(source: bytes, namespace: dict[str, Any], *, auto_print: bool, rich: bool) -> int:
+    """Run ``source`` in ``namespace``: its exit code (minus SIGINT after an unhandled
+    KeyboardInterrupt), its unhandled error printed."""
     try:
         try:
             body, tail = compile_snippet(source, auto_print=auto_print)
@@ -207,18 +292,62 @@ def run_snippet(source: bytes, *, auto_print: bool, rich: bool = False) -> NoRet
             if isinstance(exc, ValueError):  # NUL bytes on some Python versions
                 exc = SyntaxError(str(exc))
             raise exc from None
-        exec(body, main.__dict__)
+        evaluate(body, namespace)
         if tail is not None:
-            value = eval(tail, main.__dict__)
+            value = evaluate(tail, namespace)
             if value is not None:
                 print(repr(value))
-        finish_threads_and_atexit()
     except SystemExit as exc:
-        code = _exit_code(exc)
+        return _exit_code(exc)
     except BaseException as exc:
-        sys.stderr.write(format_exception(exc, FILENAME.__eq__))
-        code = 1
-    finish(code)
+        print_exception(exc, rich=rich)
+        return -_signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+    return 0
+
+
+def evaluate(code: types.CodeType, namespace: dict[str, Any]) -> Any:
+    """``code``'s value, run with no frame of the harness below it where the C module
+    can (_nativechild.run_main)."""
+    if _evaluate is not None:
+        return _evaluate(code, namespace)
+    return eval(code, namespace)
+
+
+def print_exception(exc: BaseException, *, rich: bool) -> None:
+    """As Python prints an unhandled error: through ``sys.excepthook``, from the
+    snippet's first frame. ``rich``: with source lines and markers, unless the snippet
+    set a hook of its own."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
+        tb = tb.tb_next
+    exc.__traceback__ = tb  # what the interpreter's display shows, whatever it is passed
+    hook = sys.excepthook
+    if rich and hook is sys.__excepthook__:
+        sys.stderr.write(_with_suggestion(format_exception(exc, FILENAME.__eq__), exc, tb))
+        return
+    try:
+        hook(type(exc), exc, tb)
+    except BaseException as failed:  # worded as Python words it
+        sys.stderr.write("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(failed), failed, failed.__traceback__)
+        sys.stderr.write("\nOriginal exception was:\n")
+        sys.__excepthook__(type(exc), exc, tb)
+
+
+def _with_suggestion(text: str, exc: BaseException, tb: types.TracebackType | None) -> str:
+    """``text`` (the traceback module's) with the last line the interpreter prints,
+    where that says "Did you mean" and the module does not (before Python 3.12)."""
+    if sys.version_info >= (3, 12) or not isinstance(exc, (NameError, AttributeError)):
+        return text
+    said = io.StringIO()
+    stderr, sys.stderr = sys.stderr, said
+    try:
+        sys.__excepthook__(type(exc), exc, tb)
+    finally:
+        sys.stderr = stderr
+    head, _, _ = text.rstrip("\n").rpartition("\n")
+    last = said.getvalue().rstrip("\n").rpartition("\n")[2]
+    return f"{head}\n{last}\n" if head else f"{last}\n"
 
 
 def _read_all(fd: int) -> bytes:
@@ -236,7 +365,11 @@ def main() -> NoReturn:
     source = _read_all(CODE_FD)
     flags = sys.argv[1:]
     rich = "--rich-tracebacks" in flags
-    prepare(Fresh.create())
+    # This interpreter's own streams and fresh __main__: made as the reference's are.
+    main = fresh_main()
+    prepare(Fresh(main=main, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr))
+    global done_notice
+    done_notice = say_done
     if "--cells" in flags:
         import json
 

@@ -549,12 +549,19 @@ class ZygoteHandle:
     native: bool  # its children are set up in C
 
 
+# ``python -B -c``, as the reference runs snippets, so its children's sys.flags are the
+# reference's; the cwd is not searched for codepool's modules.
+ZYGOTE_BOOT = (
+    "import sys; del sys.path[0]; from codepool.worker.engine import zygote; zygote.main()"
+)
+
+
 def launch_zygote(config: ZygoteConfig) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """Start a zygote; its hello is awaited by ``await_zygote`` (so two start at once)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     zygote_config = dataclasses.replace(config, owner_fd=theirs.fileno(), listen_fd=-1)
     process = subprocess.Popen(
-        [sys.executable, "-P", "-B", "-m", "codepool.worker.engine.zygote"],
+        [sys.executable, "-B", "-c", ZYGOTE_BOOT],
         pass_fds=[theirs.fileno()],
         stdin=subprocess.PIPE,
     )

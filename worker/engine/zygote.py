@@ -178,6 +178,7 @@ def serve_natively(control: socket.socket, flags: int, ready: Prepared) -> None:
         # Once here rather than in every child: the children are copies of this state,
         # and the zygote runs no Python that reads it until the loop ends.
         snippet.prepare(plan.fresh)
+    snippet.reference_signals()  # the children's; serve() ignores SIGINT here
     got = native.serve(control, flags, plan, ready.seeds)
     if got is None:
         return  # the supervisor is gone
@@ -203,7 +204,7 @@ def _preload(names: list[str]) -> list[dict[str, object]]:
     return [{"name": "preload", "active": not failed, "detail": detail}]
 
 
-def main(argv: list[str]) -> None:
+def main() -> None:
     config, control = enter("zygote")
     if not linux.clone_supported():
         sys.exit("codepool: the zygote needs clone(2) flags, unsupported on this CPU")
@@ -211,4 +212,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()
