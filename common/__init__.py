@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         sanitize,
         truncate_tail,
     )
-    from codepool.common.result import STATUSES, ExecResult
+    from codepool.common.result import LIMITS, STATUSES, ExecResult
     from codepool.common.sandbox_stats import SandboxStats
     from codepool.common.snippet import Snippet
 
@@ -39,6 +39,7 @@ _HOMES = {
     "ExecResult": "codepool.common.result",
     "ExecutorError": "codepool.common.errors",
     "InputError": "codepool.common.errors",
+    "LIMITS": "codepool.common.result",
     "Limits": "codepool.common.limits",
     "MissingExtra": "codepool.common.errors",
     "RedisUnavailable": "codepool.common.errors",
@@ -55,6 +56,7 @@ _HOMES = {
 
 __all__ = [
     "DEFAULT_MARKERS",
+    "LIMITS",
     "STATUSES",
     "CodepoolError",
     "ConfigError",

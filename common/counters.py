@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from codepool.common.result import STATUSES, ExecResult
+from codepool.common.result import LIMITS, STATUSES, ExecResult
 
 # Latency histogram: one counter per bucket (not cumulative), so dashboards can show
 # percentiles from integer counters alone. Upper edges in ms; the last bucket is +Inf.
@@ -12,7 +12,18 @@ LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 300
 BUCKET_FIELDS = (*(f"latency_le_{ms}ms" for ms in LATENCY_BUCKETS_MS), "latency_le_inf")
 # Snippets each zygote ran (fork mode), so operators see the bare/light/mid/heavy mix.
 ZYGOTE_FIELDS = ("zygote_bare", "zygote_light", "zygote_mid", "zygote_heavy")
-FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us", *BUCKET_FIELDS, *ZYGOTE_FIELDS)
+# Snippets each limit stopped (ExecResult.limit): limit_wall_time, limit_cpu_time, ...
+LIMIT_FIELDS = tuple(f"limit_{name}" for name in LIMITS)
+FIELDS = (
+    "calls",
+    *STATUSES,
+    "latency_us",
+    "exec_us",
+    "queue_us",
+    *BUCKET_FIELDS,
+    *ZYGOTE_FIELDS,
+    *LIMIT_FIELDS,
+)
 
 
 def bucket_field(latency_ms: float) -> str:
@@ -28,6 +39,13 @@ def zygote_field(result: ExecResult) -> str:
     return field if field in ZYGOTE_FIELDS else ""
 
 
+def limit_field(result: ExecResult) -> str:
+    """The limit counter a result adds to, or "" (no limit named, or one this version
+    does not know)."""
+    field = f"limit_{result.limit}"
+    return field if field in LIMIT_FIELDS else ""
+
+
 def count(result: ExecResult) -> dict[str, int]:
     """The counter increments one result contributes."""
     out = {
@@ -40,13 +58,15 @@ def count(result: ExecResult) -> dict[str, int]:
     }
     if zygote := zygote_field(result):
         out[zygote] = 1
+    if limit := limit_field(result):
+        out[limit] = 1
     return out
 
 
-def terms(result: ExecResult) -> tuple[str, int, int, int, str, str]:
+def terms(result: ExecResult) -> tuple[str, int, int, int, str, str, str]:
     """What the Redis-side counting (``ledger.WRITE``) adds up for one result: status,
-    latency_us, exec_us, queue_us, the latency bucket and the zygote field ("" for
-    none); the same sums as ``count``."""
+    latency_us, exec_us, queue_us, the latency bucket, the zygote field and the limit
+    field ("" for none); the same sums as ``count``."""
     return (
         result.status,
         int(result.latency * 1e6),
@@ -54,6 +74,7 @@ def terms(result: ExecResult) -> tuple[str, int, int, int, str, str]:
         int(result.queue_s * 1e6),
         bucket_field(result.latency * 1e3),
         zygote_field(result),
+        limit_field(result),
     )
 
 
@@ -82,6 +103,7 @@ def metrics(counters: Mapping[str, int]) -> dict[str, float]:
     """``sandbox/*`` metrics, as the reference sandbox names them, from raw counters."""
     calls = counters.get("calls", 0)
     out = {f"sandbox/{status}": float(counters.get(status, 0)) for status in STATUSES}
+    out.update({f"sandbox/{field}": float(counters.get(field, 0)) for field in LIMIT_FIELDS})
     out["sandbox/calls"] = float(calls)
     if calls == 0:
         out.update(

@@ -16,7 +16,9 @@ from codepool.common.result import ExecResult
 # Statuses whose kind is the status itself: no user traceback explains them.
 OWN_KINDS = ("timeout", "infra", "rejected")
 # "ValueError: msg", "numpy.linalg.LinAlgError: msg", "KeyboardInterrupt".
-_EXCEPTION_LINE = re.compile(r"(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: .*)?)?")
+_EXCEPTION_LINE = re.compile(
+    r"(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: (?P<message>.*))?)?"
+)
 # Without a frame to anchor on, only a name that reads like an exception is trusted.
 _EXCEPTION_NAME = re.compile(r"(Error|Exception|Exit|Interrupt|Warning|Iteration|Group)$")
 _FRAME = '  File "'
@@ -44,7 +46,14 @@ def ranked(counts: Counter[str]) -> list[tuple[str, int]]:
 
 
 def exception_name(stderr: str) -> str | None:
-    """The exception a Python traceback in ``stderr`` ends with, or ``None``.
+    """The exception a Python traceback in ``stderr`` ends with, or ``None``."""
+    final = final_exception(stderr)
+    return None if final is None else final[0]
+
+
+def final_exception(stderr: str) -> tuple[str, str] | None:
+    """The name and the message's first line of the exception a Python traceback in
+    ``stderr`` ends with, or ``None``.
 
     The exception line is the first unindented line after the last frame line, so a
     multi-line message or a chained traceback still names the exception that ended the
@@ -56,12 +65,12 @@ def exception_name(stderr: str) -> str | None:
         for line in lines[frames[-1] + 1 :]:
             if line and not line[0].isspace():
                 match = _EXCEPTION_LINE.fullmatch(line)
-                return match["name"] if match else None
+                return (match["name"], match["message"] or "") if match else None
         return None
     last = next((line for line in reversed(lines) if line.strip()), "")
     match = _EXCEPTION_LINE.fullmatch(last)
     if match and _EXCEPTION_NAME.search(match["name"]):
-        return match["name"]
+        return match["name"], match["message"] or ""
     return None
 
 

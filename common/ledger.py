@@ -86,8 +86,9 @@ return {'f' .. nxt, claim, spec, (k == left and retry <= 0) and 1 or 0}
 """
 
 # KEYS: results, done, then the counter hashes (the minute hash second among them, so
-# KEYS[4]). ARGV: ttl_s, minute_ttl_s, then nine per result: index, result, done entry,
-# status, latency_us, exec_us, queue_us, latency bucket field, zygote field ('' for none).
+# KEYS[4]). ARGV: ttl_s, minute_ttl_s, then ten per result: index, result, done entry,
+# status, latency_us, exec_us, queue_us, latency bucket field, zygote field and limit
+# field ('' for none).
 # HSETNX each result; push its done entry (index and result, so the producer needs no
 # second read) and count it only on a first write; (re)set the keys' TTL, so whatever a
 # write leaves, a list the producer drained and this push made anew included, expires.
@@ -97,7 +98,7 @@ return {'f' .. nxt, claim, spec, (k == left and retry <= 0) and 1 or 0}
 WRITE = """
 local firsts, pushed, sums = {}, {}, {}
 local function add(field, v) sums[field] = (sums[field] or 0) + v end
-for i = 3, #ARGV, 9 do
+for i = 3, #ARGV, 10 do
   local first = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
   firsts[#firsts + 1] = first
   if first == 1 then
@@ -107,6 +108,7 @@ for i = 3, #ARGV, 9 do
     add('exec_us', tonumber(ARGV[i + 5]))
     add('queue_us', tonumber(ARGV[i + 6]))
     if ARGV[i + 8] ~= '' then add(ARGV[i + 8], 1) end
+    if ARGV[i + 9] ~= '' then add(ARGV[i + 9], 1) end
   end
 end
 if #pushed > 0 then

@@ -78,6 +78,12 @@ class Limits:
     def effective_cpu_s(self) -> float:
         return self.cpu_s if self.cpu_s is not None else self.timeout_s + 5.0
 
+    @property
+    def cpu_rlimit_s(self) -> int:
+        """The RLIMIT_CPU a child gets, in whole seconds: SIGXCPU there, SIGKILL a
+        second later."""
+        return math.ceil(self.effective_cpu_s)
+
     def with_overrides(self, **overrides: Any) -> Limits:
         """These limits with some fields replaced; unknown names raise ConfigError."""
         names = {f.name for f in dataclasses.fields(self)}

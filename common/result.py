@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STATUSES = ("ok", "error", "timeout", "memory", "signal", "rejected", "infra")
+# The limits that can stop a snippet, as ExecResult.limit names them (Limits field in
+# brackets): wall time (timeout_s), CPU time (cpu_s), memory (memory_mb), the output cap
+# (max_output_chars: it cuts what is kept and never stops the snippet), file size
+# (max_file_mb) and the process cap (max_procs). See worker/engine/outcome.py.
+LIMITS = ("wall_time", "cpu_time", "memory", "output", "file_size", "processes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +21,10 @@ class ExecResult:
     The first six fields keep the reference ``LocalPythonSandbox`` meaning and order:
     ``ok`` is true exactly when the process exited 0 without timing out; ``returncode``
     is ``None`` on timeout and ``-N`` when killed by signal N; ``latency`` is the wall
-    time in seconds seen by the caller. The rest are codepool's extras.
+    time in seconds seen by the caller. The rest are codepool's extras; ``limit`` names
+    the limit (one of LIMITS) that stopped the snippet or, when none did, ``"output"``
+    if the output cap cut its output (``truncated`` says that in any case); ``None``
+    when no limit was reached, and for results that never ran.
     """
 
     ok: bool
@@ -40,6 +48,7 @@ class ExecResult:
     # {"text/plain": repr} for a trailing expression), error (a list of {ename, evalue,
     # traceback}). A cell the snippet never reached (killed, timed out) has no entry.
     cells: list[dict[str, Any]] = field(default_factory=list)
+    limit: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -36,7 +36,7 @@ from redis.retry import Retry
 from codepool.common import counters
 from codepool.common.connection import redis_client
 from codepool.common.errors import CodepoolError
-from codepool.common.result import STATUSES
+from codepool.common.result import LIMITS, STATUSES
 from codepool.common.settings import Settings
 from codepool.ops.stats_view import snapshot
 
@@ -79,6 +79,14 @@ class PoolCollector(Collector):
         for status in STATUSES:
             snippets.add_metric([status], totals[status])
         yield snippets
+        limits = CounterMetricFamily(
+            "codepool_snippet_limits",
+            "Snippets each limit stopped (output: cut by the output cap and stopped by none)",
+            labels=["limit"],
+        )
+        for name in LIMITS:
+            limits.add_metric([name], totals[f"limit_{name}"])
+        yield limits
         yield HistogramMetricFamily(
             "codepool_snippet_latency_seconds",
             "Snippet latency on the worker, hand-off to result",

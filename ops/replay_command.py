@@ -127,6 +127,7 @@ def summary_table(summary: ReplaySummary) -> str:
         f"{'total':<10} {summary.ran:>7}   (skipped {summary.skipped} already done, "
         f"{len(summary.bad_lines)} bad lines)"
     )
+    lines += limit_table(summary)
     lines += error_type_table(summary)
     if summary.comparison is not None:
         lines.append(f"compared   {summary.comparison.describe()}")
@@ -135,6 +136,16 @@ def summary_table(summary: ReplaySummary) -> str:
         f"p95 {summary.percentile_ms(0.95):.1f} ms; {rate:.1f} calls/s over {summary.wall_s:.1f} s"
     )
     return "\n".join(lines)
+
+
+def limit_table(summary: ReplaySummary) -> list[str]:
+    """Rows of calls by the limit that stopped them (none when no limit was reached)."""
+    if not summary.limits:
+        return []
+    lines = [f"{'limit':<10} {'count':>7} {'share':>7}"]
+    for limit, count in ranked(summary.limits):
+        lines.append(f"{limit:<10} {count:>7} {count / max(1, summary.ran):>7.1%}")
+    return lines
 
 
 def error_type_table(summary: ReplaySummary) -> list[str]:

@@ -1,5 +1,5 @@
 """``codepool replay --report FILE.html``: one self-contained HTML page from a replay's
-output: the status and error-type breakdowns, the run-time histogram and, for a
+output: the status, limit and error-type breakdowns, the run-time histogram and, for a
 ``--compare`` replay, the observations that changed, each as a side-by-side diff."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ STATUS_COLORS = {
     "infra": "#000000",
 }
 ERROR_TYPE_COLOR = "#c62828"
+LIMIT_COLOR = "#6d4c41"
 # Log-spaced buckets from 0.5 ms to 60 s: snippet run times span five decades.
 BUCKET_EDGES_S = [0.0005 * 2**k for k in range(18)]
 MAX_DIFFS = 100  # changed observations shown as diffs; the output file has them all
@@ -50,6 +51,7 @@ class ReplayOutput:
 
     statuses: Counter[str] = field(default_factory=Counter)
     error_types: Counter[str] = field(default_factory=Counter)
+    limits: Counter[str] = field(default_factory=Counter)
     exec_s: list[float] = field(default_factory=list)
     comparison: Comparison = field(default_factory=Comparison)
     compared: bool = False  # any line carries a comparison
@@ -80,6 +82,10 @@ def _add(data: ReplayOutput, record: dict[str, object]) -> None:
     kind = record.get("error_type", None if status == "ok" else status)
     if kind is not None:
         data.error_types[str(kind)] += 1
+    # Lines of a replay from before limits were recorded name none.
+    limit = record.get("limit")
+    if isinstance(limit, str):
+        data.limits[limit] += 1
     if "match" not in record:
         return
     data.compared = True
@@ -121,6 +127,8 @@ def render(data: ReplayOutput, title: str) -> str:
         "<h2>Status breakdown</h2>",
         bar_chart(status_items),
         _table(("status", "count", "share"), status_items, total),
+        "<h2>Limits reached</h2>",
+        *_limits(data, total),
         "<h2>Error types</h2>",
     ]
     if type_items:
@@ -141,6 +149,21 @@ def render(data: ReplayOutput, title: str) -> str:
 {body}
 </body></html>
 """
+
+
+def _limits(data: ReplayOutput, total: int) -> list[str]:
+    if not data.limits:
+        return ["<p>No call reached a limit.</p>"]
+    items = [(name, count, LIMIT_COLOR) for name, count in ranked(data.limits)]
+    note = (
+        "<p>The limit that stopped each call; <code>output</code>: the output cap cut what "
+        "it printed and no other limit stopped it.</p>"
+    )
+    return [
+        note,
+        bar_chart(items, value_title="calls"),
+        _table(("limit", "count", "share of calls"), items, total),
+    ]
 
 
 def _table(headers: tuple[str, str, str], items: list[tuple[str, int, str]], total: int) -> str:

@@ -5,6 +5,13 @@ becomes the response body, field for field as SandboxFusion's models have them.
 Only Python runs here; a request naming another language is answered ``SandboxError``
 with a message saying so. Malformed bodies raise BadRequest (the server answers 4xx with
 its reason), never a half-built snippet.
+
+Statuses are the ones SandboxFusion's own server gives the same run: a run stopped by
+the wall clock is ``TimeLimitExceeded`` (and ``Failed``); every other limit shows as the
+process shows it there, ``Finished`` with its exit code (a MemoryError's 1, a CPU
+limit's -24 or -9, ``Failed`` unless 0), since SandboxFusion has no status for them.
+Which limit it was goes in one more field, ``limit`` (ExecResult.limit, or null), which
+SandboxFusion's clients ignore (their models drop unknown keys).
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ def run_code_response(result: ExecResult) -> dict[str, Any]:
         "run_result": _command_result(result),
         "executor_pod_name": result.worker or None,
         "files": _encode_files(result.files),
+        "limit": result.limit,
     }
 
 
@@ -104,6 +112,7 @@ def run_jupyter_response(result: ExecResult) -> dict[str, Any]:
         "cells": result.cells,
         "executor_pod_name": result.worker or None,
         "files": _encode_files(result.files),
+        "limit": result.limit,
     }
 
 
@@ -120,6 +129,7 @@ def _sandbox_error(message: str) -> dict[str, Any]:
         "run_result": None,
         "executor_pod_name": None,
         "files": {},
+        "limit": None,
     }
 
 

@@ -21,7 +21,7 @@ from codepool.common import counters
 from codepool.common.connection import redis_client
 from codepool.common.errors import CodepoolError
 from codepool.common.queueing import batch_queue
-from codepool.common.result import STATUSES
+from codepool.common.result import LIMITS, STATUSES
 from codepool.common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -145,11 +145,13 @@ def render(snap: Snapshot) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap["taken_at_s"]))
     shown = [s for s in STATUSES if s in MAIN_STATUSES or totals[s]]
     shares = "  ".join(f"{s} {totals[s]} ({snap['shares'][s]:.1%})" for s in shown)
+    reached = "  ".join(f"{n} {totals[f'limit_{n}']}" for n in LIMITS if totals[f"limit_{n}"])
     means = snap["mean_ms"]
     stale = len(snap["workers"]) - snap["workers_alive"]
     lines = [
         f"codepool stats - {snap['scope']} - {stamp}",
         f"calls    {totals['calls']}   {shares}",
+        f"limits   {reached or 'none reached'}",
         f"rate     {snap['calls_last_minute']} calls last minute, "
         f"{snap['calls_this_minute']} this minute ({snap['minute_elapsed_s']:.0f} s in)"
         " [cluster]",

@@ -29,6 +29,12 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         help="ceiling on any snippet's timeout_s (default 30)",
     )
     parser.add_argument(
+        "--max-cpu-s",
+        type=float,
+        default=None,
+        help="ceiling on any snippet's cpu_s (default: its timeout_s + 5)",
+    )
+    parser.add_argument(
         "--allow-weak-isolation",
         action="store_true",
         help="run snippets even where neither a PID namespace nor Landlock is available "
@@ -49,7 +55,11 @@ def run_command(args: argparse.Namespace) -> int:
     from codepool.worker.host import WorkerHost, WorkerOptions
 
     settings = Settings.from_env(redis_url=args.url, queue=args.queue)
-    ceiling = {"timeout_s": args.max_timeout, "memory_mb": args.max_memory_mb}
+    ceiling = {
+        "timeout_s": args.max_timeout,
+        "cpu_s": args.max_cpu_s,
+        "memory_mb": args.max_memory_mb,
+    }
     options = WorkerOptions(
         concurrency=args.concurrency,
         dispatchers=args.dispatchers,

@@ -1,10 +1,11 @@
 """Replay a saved rollout batch through the pool: one output line per code call.
 
 Output lines: ``{"id", "status", "observation", "latency_s", "exec_s", "queue_s",
-"returncode", "timed_out", "truncated", "error_type"}``, where ``observation`` is exactly
-the tool message the policy would see now; with ``compare``, also ``recorded`` (the one it
-saw, or null) and ``match`` (see producer.compare). Resumable: ids already in the output
-are skipped.
+"returncode", "timed_out", "truncated", "error_type", "limit"}``, where ``observation``
+is exactly the tool message the policy would see now and ``limit`` the limit that stopped
+the call (ExecResult.limit, or null); with ``compare``, also ``recorded`` (the one it saw,
+or null) and ``match`` (see producer.compare). Resumable: ids already in the output are
+skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ReplaySummary:
 
     statuses: Counter[str] = field(default_factory=Counter)
     error_types: Counter[str] = field(default_factory=Counter)
+    limits: Counter[str] = field(default_factory=Counter)  # ExecResult.limit, when named
     exec_s: list[float] = field(default_factory=list)  # time each call ran
     skipped: int = 0
     bad_lines: list[str] = field(default_factory=list)
@@ -88,6 +90,7 @@ def output_record(call_id: str, result: ExecResult, timeout_s: float) -> dict[st
         "timed_out": result.timed_out,
         "truncated": result.truncated,
         "error_type": error_type(result),
+        "limit": result.limit,
     }
 
 
@@ -149,6 +152,8 @@ def replay(
                 kind = record["error_type"]
                 if kind is not None:
                     summary.error_types[str(kind)] += 1
+                if result.limit is not None:
+                    summary.limits[result.limit] += 1
                 summary.exec_s.append(result.exec_s)
                 if on_progress is not None:
                     on_progress(summary.ran, len(pending))

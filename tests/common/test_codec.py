@@ -20,11 +20,23 @@ def test_result_round_trip() -> None:
         status="timeout",
         truncated=True,
         worker="h:1",
+        limit="wall_time",
     )
     data = codec.encode_result(result)
     assert codec.decode_result(data) == result
     with pytest.raises(pickle.UnpicklingError):  # msgpack, not a pickle stream
         pickle.loads(data)
+
+
+def test_results_of_older_and_newer_workers_decode() -> None:
+    # A worker from before ExecResult.limit writes no such field: no limit named.
+    record = ExecResult(False, "", "e", 1, False, 0.1, status="error").to_dict()
+    del record["limit"]
+    older = codec.decode_result(codec.dumps({**record, "v": codec.RESULT_SCHEMA_VERSION}))
+    assert older.status == "error" and older.limit is None
+    # A field this version does not know is left out, as an older producer leaves limit.
+    newer = codec.decode_result(codec.dumps({**record, "v": 1, "later_field": 1}))
+    assert newer == older
 
 
 def test_bad_payloads_raise_wire_error() -> None:

@@ -173,6 +173,8 @@ def test_the_write_counts_what_python_counts_once_per_index_however_often_writte
         for i, s in enumerate(["ok", "error", "timeout", "ok", "memory", "ok"])
     ]
     results[5] = (5, results[5][1].replace(zygote="bare"))
+    results[2] = (2, results[2][1].replace(limit="wall_time"))
+    results[4] = (4, results[4][1].replace(limit="memory", zygote="light"))
     expected: Counter[str] = Counter()
     for _, result in results:
         expected.update(counters.count(result))
@@ -188,6 +190,9 @@ def test_the_write_counts_what_python_counts_once_per_index_however_often_writte
         assert got == {field: value for field, value in expected.items() if value}, key
     assert 0 < conn.ttl(hashes[1]) <= 60  # the minute hash expires
     assert got["zygote_bare"] == 1
+    # The first write of index 2 and of 4, counted once each however often written.
+    limits = {f: got[f] for f in counters.LIMIT_FIELDS if f in got}
+    assert limits == {"limit_wall_time": 1, "limit_memory": 1}
 
 
 def test_a_large_write_is_split_into_calls_and_counted_whole(redis_url: str) -> None:

@@ -68,3 +68,17 @@ def test_reset_starts_a_new_window() -> None:
     stats.record(_r("ok", 0.01))
     metrics = stats.metrics()
     assert metrics["sandbox/calls"] == 1 and metrics["sandbox/success_rate"] == 1.0
+
+
+def test_each_limit_has_a_counter_and_a_metric() -> None:
+    from codepool.common import LIMITS, counters
+
+    stats = SandboxStats()
+    for limit in (*LIMITS, "wall_time", None, "a_limit_of_a_later_version"):
+        stats.record(_r("error", 0.01).replace(limit=limit))
+    metrics = stats.metrics()
+    assert metrics["sandbox/calls"] == len(LIMITS) + 3
+    assert {name: metrics[f"sandbox/limit_{name}"] for name in LIMITS} == {
+        name: 2.0 if name == "wall_time" else 1.0 for name in LIMITS
+    }
+    assert counters.count(_r("ok", 0.01)).keys().isdisjoint(counters.LIMIT_FIELDS)

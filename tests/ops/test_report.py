@@ -78,14 +78,21 @@ def test_report_reads_old_and_new_output_lines(tmp_path: Path) -> None:
         {"id": "a", "status": "ok", "exec_s": 0.002, "observation": "1\n"},
         {"id": "b", "status": "error", "exec_s": 0.003},  # before error types
         {"id": "c", "status": "error", "exec_s": 0.004, "error_type": "NameError"},
+        {"id": "d", "status": "memory", "error_type": "MemoryError", "limit": "memory"},
+        {"id": "e", "status": "timeout", "error_type": "timeout", "limit": "wall_time"},
+        {"id": "f", "status": "ok", "error_type": None, "limit": None},
     ]
-    out.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"id": "d", "sta')
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"id": "g", "sta')
     data = load(str(out))
-    assert data.statuses == {"ok": 1, "error": 2}
-    assert data.error_types == {"error": 1, "NameError": 1}
+    assert data.statuses == {"ok": 2, "error": 2, "memory": 1, "timeout": 1}
+    assert data.error_types == {"error": 1, "NameError": 1, "MemoryError": 1, "timeout": 1}
+    assert data.limits == {"memory": 1, "wall_time": 1}
     assert not data.compared
     page = render(data, "t")
     assert "Observations compared" not in page and "<td>NameError</td>" in page
+    assert "<h2>Limits reached</h2>" in page
+    assert "<tr><td>wall_time</td><td>1</td><td>16.7%</td></tr>" in page
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    assert "<p>No calls.</p>" in render(load(str(empty)), "t")
+    nothing = render(load(str(empty)), "t")
+    assert "<p>No calls.</p>" in nothing and "<p>No call reached a limit.</p>" in nothing

@@ -94,6 +94,8 @@ def test_the_published_client_runs_code(serve: Serve) -> None:
     assert timeout.status == "Failed" and timeout.run_result is not None
     assert timeout.run_result.status == "TimeLimitExceeded"
     assert timeout.run_result.return_code is None
+    # The published client's models ignore the one field codepool adds.
+    assert not hasattr(timeout, "limit")
 
 
 def test_the_published_client_with_stdin_and_files(serve: Serve) -> None:
@@ -170,7 +172,9 @@ def test_raw_json_as_verl_posts_it(serve: Serve) -> None:
         "run_result",
         "executor_pod_name",
         "files",
+        "limit",
     }
+    assert body["limit"] is None
     assert set(body["run_result"]) == {
         "status",
         "execution_time",
@@ -242,6 +246,67 @@ def test_wrong_methods_and_paths(serve: Serve) -> None:
     assert health["ok"] is True and health["live_dispatchers"] >= 1
 
 
+# Snippets that reach each limit under the pool's default limits (max_file_mb 16,
+# max_procs 32, max_output_chars 4096) or the request's (run_timeout, memory_limit_MB).
+FORK_64 = (
+    "import os\nr, w = os.pipe()\nfor _ in range(64):\n"
+    "    if os.fork() == 0:\n        os.close(w)\n        os.read(r, 1)\n        os._exit(0)"
+)
+LIMIT_REQUESTS = {
+    "wall_time": {"code": "import time\ntime.sleep(60)", "run_timeout": 0.5},
+    "memory": {"code": "x = bytearray(512 << 20)", "memory_limit_MB": 128},
+    "file_size": {"code": "open('big', 'wb').write(b'x' * (17 << 20))"},
+    "processes": {"code": FORK_64},
+    "output": {"code": "print('x' * 5000)"},
+}
+# As SandboxFusion's server answers the same run: (status, run_result status, return code).
+LIMIT_STATUSES = {
+    "wall_time": ("Failed", "TimeLimitExceeded", None),
+    "memory": ("Failed", "Finished", 1),
+    "file_size": ("Failed", "Finished", 1),
+    "processes": ("Failed", "Finished", 1),
+    "output": ("Success", "Finished", 0),
+}
+
+
+@pytest.mark.parametrize("limit", list(LIMIT_REQUESTS))
+def test_each_limit_is_named_beside_sandbox_fusions_own_statuses(serve: Serve, limit: str) -> None:
+    response = post(serve, "/run_code", {"language": "python", **LIMIT_REQUESTS[limit]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    run = body["run_result"]
+    assert (body["status"], run["status"], run["return_code"]) == LIMIT_STATUSES[limit], body
+    assert body["limit"] == limit, body
+
+
+def test_a_notebook_stopped_by_its_total_timeout_names_the_wall_clock(serve: Serve) -> None:
+    cells = ["a = 1", "import time\ntime.sleep(60)"]
+    body = post(serve, "/run_jupyter", {"cells": cells, "total_timeout": 1}).json()
+    assert (body["status"], body["driver"]["status"], body["limit"]) == (
+        "Failed",
+        "TimeLimitExceeded",
+        "wall_time",
+    )
+    assert len(body["cells"]) == 1  # the cell that finished
+
+
+def test_the_cpu_limit_is_named_and_finished_as_sandbox_fusion_has_it(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    # SandboxFusion's requests carry no CPU limit: a worker's ceiling sets one.
+    start_worker("--max-cpu-s", "1")
+    server = start_serve(tmp_path / "serve.log", "--url", redis_url)
+    try:
+        body = post(server, "/run_code", {"code": "while True: pass", "language": "python"}).json()
+    finally:
+        server.process.send_signal(signal.SIGTERM)
+        wait_or_kill(server.process, 30)
+    run = body["run_result"]
+    # Killed by a signal: Finished with -N, as SandboxFusion reports any killed process.
+    assert (body["status"], run["status"], body["limit"]) == ("Failed", "Finished", "cpu_time")
+    assert run["return_code"] in (-24, -9), body
+
+
 def test_results_codepool_could_not_produce_are_sandbox_errors() -> None:
     body = protocol.run_code_response(infra("codepool: no live worker"))
     assert (body["status"], body["message"], body["run_result"]) == (
@@ -251,6 +316,7 @@ def test_results_codepool_could_not_produce_are_sandbox_errors() -> None:
     )
     notebook = protocol.run_jupyter_response(rejected("rejected: too big"))
     assert notebook["status"] == "SandboxError" and notebook["cells"] == []
+    assert body["limit"] is None and notebook["limit"] is None
 
 
 def test_beyond_loopback_a_token_is_required(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from codepool.common import counters
 from codepool.common.keys import Keys
+from codepool.common.result import LIMITS
 from codepool.common.settings import Settings
 from codepool.ops import exporter, stats_view
 from codepool.ops.redis_server import free_port
@@ -23,7 +24,7 @@ from tests.conftest import StartWorker, wait_until
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 CODES = ["print(1)"] * 3 + ["1/0", "while True: pass"]
-EXPECTED = {"calls": 5, "ok": 3, "error": 1, "timeout": 1}
+EXPECTED = {"calls": 5, "ok": 3, "error": 1, "timeout": 1, "limit_wall_time": 1}
 
 
 def _run_mixed_batch(redis_url: str, start_worker: StartWorker) -> str:
@@ -91,6 +92,7 @@ def test_snapshot_and_render_show_what_ran(
     assert "calls    5" in view
     assert "ok 3 (60.0%)" in view and "error 1 (20.0%)" in view
     assert "timeout 1 (20.0%)" in view
+    assert "\nlimits   wall_time 1\n" in view
     assert "1 alive, 0 stale" in view
     assert any(line.split()[0] == name and "alive" in line for line in view.splitlines())
 
@@ -111,6 +113,9 @@ def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker)
     for status in ("ok", "error", "timeout", "memory", "signal", "rejected", "infra"):
         expected = EXPECTED.get(status, 0)
         assert _sample(samples, "codepool_snippets_total", status=status) == expected, status
+    for limit in LIMITS:
+        expected = EXPECTED.get(f"limit_{limit}", 0)
+        assert _sample(samples, "codepool_snippet_limits_total", limit=limit) == expected, limit
     assert _sample(samples, "codepool_snippet_latency_seconds_count") == 5
     assert _sample(samples, "codepool_snippet_latency_seconds_bucket", le="+Inf") == 5
     # The 1 s timeout lands above 0.5 s; the quick snippets below it.
@@ -154,6 +159,7 @@ def test_a_waiting_announcement_shows_as_queue_depth(
     out = capsys.readouterr().out
     assert out.startswith(stats_view.CLEAR_SCREEN)
     assert "1 announcements waiting" in out and "0 alive, 0 stale" in out
+    assert "limits   none reached" in out
 
 
 def test_unreachable_redis_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:

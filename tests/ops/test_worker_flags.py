@@ -34,6 +34,14 @@ def test_max_timeout_clamps_what_a_batch_asks(redis_url: str, start_worker: Star
     assert r.timed_out and r.exec_s < 15, "30 s was asked for; the worker allows 1"
 
 
+def test_max_cpu_s_clamps_the_cpu_limit(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker("--max-cpu-s", "1")
+    batch = CodePool(redis_url).submit(["while True: pass"], timeout_s=60, cpu_s=30)
+    r = batch.results(timeout_s=120)[0]
+    assert (r.timed_out, r.limit) == (False, "cpu_time"), r
+    assert r.cpu_s < 15, "30 s was asked for; the worker allows 1 (and SIGKILL at 2)"
+
+
 def test_a_worker_starts_under_a_tmpdir_too_long_for_a_socket(
     redis_url: str, start_worker: StartWorker, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ from rq.registry import FinishedJobRegistry
 
 from codepool.common.codec import MsgpackSerializer, decode_result
 from codepool.common.keys import Keys
+from codepool.common.result import LIMITS
 from codepool.common.settings import Settings
 from codepool.producer import CodePool, RemoteSandbox
 from tests.conftest import (
@@ -104,6 +105,40 @@ def test_stats_counters_equal_what_ran(redis_url: str, start_worker: StartWorker
     minute_ttl = pool.settings.minute_stats_ttl_s
     assert minute and all(minute_ttl - 120 < client.ttl(k) <= minute_ttl for k in minute)
     assert client.hget(keys.worker_stats("w0-" + str(os.getpid())), "calls") == b"7"
+
+
+def test_each_limit_is_named_in_the_result_and_counted_once(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+    fork_past_the_cap = (
+        "import os\nr, w = os.pipe()\nfor _ in range(64):\n"
+        "    if os.fork() == 0:\n        os.close(w)\n        os.read(r, 1)\n        os._exit(0)"
+    )
+    capped = {
+        "memory": "x = bytearray(512 << 20)",
+        "file_size": "open('big', 'wb').write(b'x' * (2 << 20))",
+        "processes": fork_past_the_cap,
+        "output": "print('x' * 5000)",
+        None: "print(1)",
+    }
+    small = dict(memory_mb=128, max_file_mb=1, max_procs=4, max_output_chars=100)
+    batches = [
+        (["wall_time"], pool.submit(["import time\ntime.sleep(60)"], timeout_s=0.5, run="lim")),
+        (["cpu_time"], pool.submit(["while True: pass"], cpu_s=1.0, timeout_s=60, run="lim")),
+        (list(capped), pool.submit(list(capped.values()), timeout_s=30, run="lim", **small)),
+    ]
+    for names, batch in batches:
+        results = batch.results(timeout_s=120)
+        assert [r.limit for r in results] == names, results
+    # Counted with the write that made each result visible: no wait needed.
+    expected = {f"limit_{name}": 1 for name in LIMITS}
+    for run in ("lim", None):
+        got = pool.counters(run=run)
+        assert {field: got.get(field, 0) for field in expected} == expected, run
+        assert got["calls"] == 7
+    assert pool.metrics(run="lim")["sandbox/limit_cpu_time"] == 1.0
 
 
 def test_every_per_batch_key_expires(redis_url: str, start_worker: StartWorker) -> None:

@@ -113,6 +113,9 @@ def test_replay_and_resume(redis_url: str, start_worker: StartWorker, tmp_path: 
     assert records["b"]["error_type"] == "ZeroDivisionError"
     assert records["t"]["error_type"] == "timeout" and records["a"]["error_type"] is None
     assert summary.error_types == {"ZeroDivisionError": 1, "timeout": 1}
+    assert records["t"]["limit"] == "wall_time" and records["b"]["limit"] is None
+    assert summary.limits == {"wall_time": 1}
+    assert "\nlimit        count   share\nwall_time        1   16.7%\n" in summary_table(summary)
     assert records["oa:0"]["observation"] == "5\n" and records["oa:1"]["observation"] == "7\n"
     assert records["qw:0"]["observation"] == "713\n"
     assert "ok" in summary_table(summary) and summary.statuses["timeout"] == 1

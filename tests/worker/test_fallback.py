@@ -32,7 +32,10 @@ def test_fallback_runs_and_cleans_up() -> None:
 
         r = ex.run("print(2 + 3)")
         assert (r.ok, r.stdout) == (True, "5\n")
-        assert ex.run("while True: pass", timeout_s=1.0).timed_out
+        assert ex.run("while True: pass", timeout_s=1.0).limit == "wall_time"
+        # Not a PID namespace's init: the soft CPU limit's SIGXCPU ends it.
+        hog = ex.run("while True: pass", cpu_s=1.0, timeout_s=20.0)
+        assert (hog.status, hog.returncode, hog.limit) == ("signal", -24, "cpu_time"), hog
 
         marker = f"/tmp/codepool-fallback-{os.getpid()}"
         daemon = (

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import resource
 import signal
@@ -223,7 +222,7 @@ class Request:
         head = _HEAD.pack(
             len(code),
             len(extra),
-            math.ceil(limits.effective_cpu_s),
+            limits.cpu_rlimit_s,
             limits.memory_mb,
             limits.max_file_mb,
             limits.max_procs,

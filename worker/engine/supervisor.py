@@ -32,7 +32,7 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.result import infra, rejected
 from codepool.common.snippet import Snippet
-from codepool.worker.engine import done, isolation, leftovers, native, readback, routing
+from codepool.worker.engine import done, isolation, leftovers, native, outcome, readback, routing
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.child import Request as ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
@@ -469,19 +469,6 @@ def _kill(pid: int, *, group: bool) -> None:
             pass
 
 
-def _classify(returncode: int | None, timed_out: bool, stderr: str) -> str:
-    if timed_out:
-        return "timeout"
-    if returncode == 0:
-        return "ok"
-    last_line = stderr.rstrip().rsplit("\n", 1)[-1]
-    if "MemoryError" in last_line.split(":", 1)[0]:
-        return "memory"
-    if returncode is not None and returncode < 0:
-        return "signal"
-    return "error"
-
-
 def _result(
     child: Child, returncode: int, cpu_s: float, max_rss_kb: int, ended: float, ready: bool
 ) -> dict[str, Any]:
@@ -496,6 +483,14 @@ def _result(
     stdout, out_cut = readback.read_tail(child.out_fd, limits.max_output_chars)
     stderr, err_cut = readback.read_tail(child.err_fd, limits.max_output_chars)
     rc = None if child.timed_out else returncode
+    status, limit = outcome.classify(
+        returncode=rc,
+        timed_out=child.timed_out,
+        stderr=stderr,
+        truncated=out_cut or err_cut,
+        cpu_s=cpu_s,
+        cpu_rlimit_s=limits.cpu_rlimit_s,
+    )
     return {
         "ok": rc == 0,
         "stdout": stdout,
@@ -503,13 +498,14 @@ def _result(
         "returncode": rc,
         "timed_out": child.timed_out,
         "latency": queue_s + exec_s,
-        "status": _classify(rc, child.timed_out, stderr),
+        "status": status,
         "signal": -returncode if returncode < 0 and not child.timed_out else None,
         "truncated": out_cut or err_cut,
         "exec_s": exec_s,
         "queue_s": queue_s,
         "cpu_s": cpu_s,
         "max_rss_kb": max_rss_kb,
+        "limit": limit,
     }
 
 

@@ -1,0 +1,103 @@
+"""How a finished child's run is classified: its ``status`` and the ``limit`` that
+stopped it (ExecResult), in one place.
+
+What the supervisor knows of a run is what the reference sandbox would know (the exit
+status, whether the deadline killed it, the output) plus the CPU time wait4 counted.
+A limit that makes a system call fail (address space, file size, processes) shows only
+as the exception the snippet died of, so those are read off the final exception of its
+traceback, as the ``memory`` status always was; the wall clock and the CPU limit are
+read off the supervisor's own facts.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import re
+import signal
+
+from codepool.common.error_types import final_exception
+from codepool.common.result import LIMITS
+
+WALL_TIME, CPU_TIME, MEMORY, OUTPUT, FILE_SIZE, PROCESSES = LIMITS
+# An OSError's errno as Python words it: "[Errno 27] File too large".
+_ERRNO = re.compile(r"\[Errno (\d+)\]")
+_ERRNO_LIMITS = {errno.ENOMEM: MEMORY, errno.EFBIG: FILE_SIZE, errno.EAGAIN: PROCESSES}
+# What threading says when the thread cannot be created (clone's EAGAIN at the process
+# cap; glibc says the same when the stack's mapping does not fit the address space).
+_NO_THREAD = "can't start new thread"
+_CPU_KILLS = (signal.SIGXCPU, signal.SIGKILL)
+# wait4's CPU seconds can fall a little short of the kernel's count that fired SIGXCPU
+# (0.98 s at a 1 s limit, seen here).
+_CPU_SHARE_AT_LIMIT = 0.9
+
+
+def classify(
+    *,
+    returncode: int | None,
+    timed_out: bool,
+    stderr: str,
+    truncated: bool,
+    cpu_s: float,
+    cpu_rlimit_s: int,
+) -> tuple[str, str | None]:
+    """``(status, limit)`` of a run that got as far as running the snippet.
+
+    returncode: the exit code, ``-N`` when killed by signal N (``None`` when timed out);
+    truncated: the output cap cut stdout or stderr; cpu_s: CPU seconds it used (wait4
+    or its done notice); cpu_rlimit_s: its RLIMIT_CPU soft limit, in seconds.
+    """
+    limit = _stopping_limit(returncode, timed_out, stderr, cpu_s, cpu_rlimit_s)
+    if limit is None and truncated:
+        limit = OUTPUT
+    return _status(returncode, timed_out, limit), limit
+
+
+def _stopping_limit(
+    returncode: int | None, timed_out: bool, stderr: str, cpu_s: float, cpu_rlimit_s: int
+) -> str | None:
+    if timed_out:
+        return WALL_TIME
+    if returncode is None or returncode == 0:
+        return None
+    # SIGXCPU at the soft limit; SIGKILL at the hard one, a second later, where SIGXCPU
+    # is caught or ignored, and always for a PID namespace's init (the kernel spares it
+    # SIGXCPU). The CPU used tells a limit's kill from any other.
+    if -returncode in _CPU_KILLS and cpu_s >= cpu_rlimit_s * _CPU_SHARE_AT_LIMIT:
+        return CPU_TIME
+    return exception_limit(stderr)
+
+
+def exception_limit(stderr: str) -> str | None:
+    """The limit the final exception of ``stderr`` says was reached, or ``None``:
+    a MemoryError (numpy's too) or ENOMEM is the memory limit, EFBIG the file size
+    limit, EAGAIN (a fork refused) or a thread that cannot start the process cap."""
+    final = final_exception(stderr)
+    if final is None:
+        return None
+    name, message = final
+    if "MemoryError" in name:
+        return MEMORY
+    if name == "RuntimeError" and message.startswith(_NO_THREAD):
+        return PROCESSES
+    match = _ERRNO.match(message)
+    if match is None or not _is_os_error(name):
+        return None
+    return _ERRNO_LIMITS.get(int(match[1]))
+
+
+def _is_os_error(name: str) -> bool:
+    kind = getattr(builtins, name, None)
+    return isinstance(kind, type) and issubclass(kind, OSError)
+
+
+def _status(returncode: int | None, timed_out: bool, limit: str | None) -> str:
+    if timed_out:
+        return "timeout"
+    if returncode == 0:
+        return "ok"
+    if limit == MEMORY:
+        return "memory"
+    if returncode is not None and returncode < 0:
+        return "signal"
+    return "error"
