@@ -31,6 +31,7 @@ from codepool.worker.engine import (
     landlock,
     linux,
     seccomp,
+    shm,
     snippet,
 )
 from codepool.worker.engine.contract import MAX_OPEN_FILES, READY, REQUEST_FD
@@ -166,7 +167,9 @@ def _restrict(plan: ChildPlan, cwd: str) -> None:
     if plan.state.pidns:
         landlock.restrict(plan.guard, list(WRITABLE), READABLE)
     else:
-        landlock.restrict(plan.guard, [cwd, "/dev/null"])
+        # The host's /dev/shm, where sem_open and shm_open keep their files: usable by
+        # name but not listable; what snippets leave there is swept after them (shm.py).
+        landlock.restrict(plan.guard, [cwd, "/dev/null"], unlisted=(shm.DIRECTORY,))
     plan.syscalls.install()
 
 

@@ -23,6 +23,7 @@ _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+REMOVE_FILE, MAKE_REG, TRUNCATE = 1 << 5, 1 << 8, 1 << 14
 _FS_V1 = (1 << 13) - 1  # EXECUTE .. MAKE_SYM
 _FS_BY_ABI = {1: _FS_V1, 2: _FS_V1 | 1 << 13, 3: _FS_V1 | 3 << 13, 5: _FS_V1 | 7 << 13}
 FILE_ONLY = EXECUTE | WRITE_FILE | READ_FILE | 1 << 14 | 1 << 15  # + TRUNCATE, IOCTL_DEV
@@ -30,6 +31,12 @@ NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 READ_ONLY = EXECUTE | READ_FILE | READ_DIR
+# Beneath an unlisted directory (the host's /dev/shm, see shm.py): make, open, resize and
+# remove regular files (what sem_open and shm_open do: sem_open links a temporary file
+# to its name, which needs no more within one directory), but not list what is there,
+# nor make directories, symlinks, sockets or devices, nor link a file in from elsewhere
+# (that needs REFER, never granted).
+UNLISTED = READ_FILE | WRITE_FILE | TRUNCATE | MAKE_REG | REMOVE_FILE
 # System paths a Python program reads besides its own prefix (missing ones are skipped).
 SYSTEM_PATHS = (
     "/usr",
@@ -143,11 +150,17 @@ def plan(needed: list[str]) -> Plan:
     return Plan(abi, tuple(paths), tuple(rules))
 
 
-def restrict(plan: Plan, writable: list[str], readable: tuple[str, ...] = ()) -> None:
+def restrict(
+    plan: Plan,
+    writable: list[str],
+    readable: tuple[str, ...] = (),
+    unlisted: tuple[str, ...] = (),
+) -> None:
     """Restrict this process (and what it starts) for good, then close the plan's fds;
     raises OSError on failure. ``writable`` and ``readable``: paths the child mounted
-    itself (the zygote's fds would name what they cover). Needs no-new-privileges (or
-    CAP_SYS_ADMIN), which the caller sets."""
+    itself (the zygote's fds would name what they cover); ``unlisted``: directories whose
+    files it may make, use and remove by name (UNLISTED) but not list. Needs
+    no-new-privileges (or CAP_SYS_ADMIN), which the caller sets."""
     if not plan.abi:
         return
     fs, net, scoped, size = plan.ruleset_attr()
@@ -163,6 +176,8 @@ def restrict(plan: Plan, writable: list[str], readable: tuple[str, ...] = ()) ->
             _allow(ruleset, path, fs)
         for path in readable:
             _allow(ruleset, path, READ_ONLY & fs)
+        for path in unlisted:
+            _allow(ruleset, path, UNLISTED & fs)
         if _libc.syscall(_SYS_RESTRICT_SELF, ruleset, 0) < 0:
             _raise("landlock_restrict_self")
     finally:

@@ -32,7 +32,16 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.result import infra, rejected
 from codepool.common.snippet import Snippet
-from codepool.worker.engine import done, isolation, leftovers, native, outcome, readback, routing
+from codepool.worker.engine import (
+    done,
+    isolation,
+    leftovers,
+    native,
+    outcome,
+    readback,
+    routing,
+    shm,
+)
 from codepool.worker.engine.child import READY
 from codepool.worker.engine.child import Request as ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
@@ -126,6 +135,11 @@ class Supervisor:
         self.free_slots = collections.deque(range(slots))
         self.uid_slots = slots
         self.uid_base = config.uid_base or 200_000 + (os.getpid() % 100_000) * UID_BLOCK
+        # Without a PID namespace or uids of their own, nothing but this tells what
+        # snippets left in the host's /dev/shm from the worker user's own files (shm.py).
+        self.shm_sweep: shm.Sweep | None = None
+        if not self.state.pidns and not self.state.separate_uid:
+            self.shm_sweep = shm.Sweep(uid=os.geteuid())
         self.stopping = False
         # Cleared when a waiting child dies during setup, so a host that refuses our
         # setup does not spin cloning children nobody asked for.
@@ -404,7 +418,9 @@ class Supervisor:
         if child.fallback_dir is not None:
             shutil.rmtree(child.fallback_dir, ignore_errors=True)
         if not self.state.pidns and self.state.separate_uid:
-            leftovers.sweep_uid(self.uid_base + child.slot)
+            leftovers.sweep_uid(self.uid_base + child.slot)  # /dev/shm included
+        elif self.shm_sweep is not None and child.request is not None:
+            self.shm_sweep.after_snippet(self.running.keys())
 
     def _expire_deadlines(self) -> float | None:
         now = time.monotonic()
@@ -453,6 +469,8 @@ class Supervisor:
             except ChildProcessError:
                 pass
             self._clean_up_after(child)
+        if self.shm_sweep is not None:
+            self.shm_sweep.after_snippet(())  # every snippet has ended
         cloning = [child for queued in self.cloning.values() for child in queued]
         for child in cloning:  # asked for, never arrived: only its dir exists
             if child.fallback_dir is not None:
