@@ -148,7 +148,7 @@ def environment(lines: list[dict[str, Any]], *, root: bool) -> tuple[str, set[st
         return "root without namespaces (e.g. a container without CAP_SYS_ADMIN)", cannot
     return (
         "non-root without namespaces (e.g. a rootless container)",
-        cannot | {"uid"},
+        cannot | {"uid", "shared memory"},  # one uid for all: only names keep them apart
     )
 
 

@@ -65,3 +65,26 @@ def note_per_snippet(state: IsolationState) -> None:
         )
     state.note("environment", True, "allow-list only")
     state.note("file descriptors", True, "all closed but stdio")
+
+
+def note_shared_memory(state: IsolationState, *, landlock: bool) -> None:
+    """Without a PID namespace (so without a /dev/shm of its own): what keeps a snippet's
+    POSIX semaphores and shared memory, in the host's /dev/shm, from the others' (shm.py)."""
+    if state.pidns:
+        return  # the "ipc" line: a tmpfs of its own
+    where = "POSIX semaphores and shared memory in the host's /dev/shm: "
+    listing = "usable by name, not listable (Landlock)" if landlock else "listable (no Landlock)"
+    if state.separate_uid:
+        state.note(
+            "shared memory",
+            landlock,
+            where + listing + "; a snippet's are 0600 and its own uid's, removed after it",
+        )
+    else:
+        state.note(
+            "shared memory",
+            False,
+            where + listing + "; removed once the snippets running beside the one that made "
+            "them have ended; all are the worker's uid, so a snippet that knows or guesses "
+            "another's random name can open it",
+        )

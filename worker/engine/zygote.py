@@ -22,7 +22,16 @@ import sys
 from dataclasses import dataclass
 
 from codepool.common import codec
-from codepool.worker.engine import bare, isolation, landlock, linux, native, seccomp, snippet
+from codepool.worker.engine import (
+    bare,
+    isolation,
+    landlock,
+    linux,
+    native,
+    protections,
+    seccomp,
+    snippet,
+)
 from codepool.worker.engine.child import ChildPlan, child_main, native_child_main
 from codepool.worker.engine.config import ZygoteConfig, enter
 from codepool.worker.engine.protocol import CLONE_REPLY, CLONE_REQUEST
@@ -85,10 +94,12 @@ def prepare(config: ZygoteConfig) -> Prepared:
         state.note("landlock", *guard.describe())
         syscalls = seccomp.build(group_calls=not state.pidns)
         state.note("seccomp", syscalls.program is not None, syscalls.detail)
+        protections.note_shared_memory(state, landlock=guard.abi > 0)
     else:
         guard, syscalls = landlock.Plan(0, ()), seccomp.Filter(None, None, "disabled")
         state.note("landlock", False, "disabled by configuration (landlock=False)")
         state.note("seccomp", False, "disabled by configuration (landlock=False)")
+        protections.note_shared_memory(state, landlock=False)
     report += state.report()
     threads = len(os.listdir("/proc/self/task"))
     report.append(
