@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
+import codepool.common
+import codepool.ops
+import codepool.worker
 from codepool.common.errors import ConfigError
 from codepool.ops.processes import descendants, exiting, processes
 from codepool.ops.redis_server import RedisServer
@@ -137,6 +143,93 @@ def assert_nothing_left(executor: LocalExecutor) -> None:
         expected = {*executor.zygote_pids, *waiting}
         assert [p for p in below if p not in expected] == []
     assert files_of(uids, executor.supervisor_pid) == []
+
+
+# -- Other users and other interpreters --------------------------------------------------
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+needs_a_system_python = pytest.mark.skipif(
+    not ROOT or shutil.which("useradd") is None or not os.path.exists(SYSTEM_PYTHON),
+    reason="needs root (to create a user), useradd and a system python3",
+)
+
+
+@dataclass(frozen=True)
+class ReadableCopy:
+    """A world-readable copy of codepool (and msgpack) in ``base``/lib for Debian's own
+    python3: the suite's interpreter lives under /root (mode 700), which neither another
+    user nor, without a mount namespace, a snippet uid can read."""
+
+    base: Path
+
+    def run(
+        self, *argv: str, user: pwd.struct_passwd | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``SYSTEM_PYTHON *argv`` in ``base``, as ``user`` (default: this process's)."""
+        home = os.environ.get("HOME", "/") if user is None else user.pw_dir
+        return subprocess.run(
+            [SYSTEM_PYTHON, *argv],
+            user=None if user is None else user.pw_uid,
+            group=None if user is None else user.pw_gid,
+            extra_groups=None if user is None else [],
+            cwd=str(self.base),
+            env={"PYTHONPATH": str(self.base / "lib"), "PATH": "/usr/bin:/bin", "HOME": home},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    def script(self, name: str, text: str) -> str:
+        """Write a world-readable script into ``base``; returns its path."""
+        path = self.base / name
+        path.write_text(text)
+        path.chmod(0o644)
+        return str(path)
+
+
+@pytest.fixture(scope="module")
+def readable_codepool() -> Iterator[ReadableCopy]:
+    """A world-readable copy of codepool for SYSTEM_PYTHON, removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="codepool-readable-"))
+    try:
+        tree = base / "lib"
+        packages = (("common", codepool.common), ("worker", codepool.worker), ("ops", codepool.ops))
+        for package, source in packages:
+            shutil.copytree(source.__path__[0], tree / "codepool" / package)
+        import msgpack
+
+        shutil.copytree(Path(msgpack.__file__).parent, tree / "msgpack")
+        base.chmod(0o755)
+        subprocess.run(["chmod", "-R", "a+rX", str(tree)], check=True)
+        yield ReadableCopy(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def throwaway_user() -> Iterator[pwd.struct_passwd]:
+    """A non-root user with a home holding a 0600 secret (``~/secret``); the user, its
+    home and every process it still runs are removed afterwards."""
+    name = f"cptest{os.getpid() % 100000}"
+    # Not under /tmp: there a snippet's own tmpfs would hide it whatever the executor did.
+    home = Path("/home") / name
+    subprocess.run(
+        ["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/false", name],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        entry = pwd.getpwnam(name)
+        home.mkdir(mode=0o700)
+        (home / "secret").write_text("the worker user's secret")
+        (home / "secret").chmod(0o600)
+        for path in (home, home / "secret"):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        yield entry
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+        subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # -- Redis and worker processes (integration tests) ------------------------------------

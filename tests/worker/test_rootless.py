@@ -8,26 +8,13 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-import codepool.common
-import codepool.ops
-import codepool.worker
-from tests.conftest import processes_of, wait_until
+from tests.conftest import ReadableCopy, needs_a_system_python, processes_of, wait_until
 
-SYSTEM_PYTHON = "/usr/bin/python3"
-REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("useradd") is None or not os.path.exists(SYSTEM_PYTHON),
-    reason="needs root (to create the user), useradd and a system python3",
-)
+pytestmark = needs_a_system_python
 
 # Run by the user: start an executor, try each hostile case, print what happened.
 DRIVER = r"""
@@ -90,62 +77,24 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
-    """A throwaway user with a home holding a 0600 secret, and a world-readable copy of
-    codepool (and msgpack) for it to import."""
-    name = f"cptest{os.getpid() % 100000}"
-    base = Path(tempfile.mkdtemp(prefix="codepool-rootless-"))
-    # Not under /tmp: there a snippet's own tmpfs would hide it whatever the executor did.
-    home = Path("/home") / name
-    subprocess.run(
-        ["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/false", name],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        entry = pwd.getpwnam(name)
-        home.mkdir(mode=0o700)
-        (home / "secret").write_text("the worker user's secret")
-        (home / "secret").chmod(0o600)
-        for path in (home, home / "secret"):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-        tree = base / "lib"
-        packages = (("common", codepool.common), ("worker", codepool.worker), ("ops", codepool.ops))
-        for package, source in packages:
-            shutil.copytree(source.__path__[0], tree / "codepool" / package)
-        import msgpack
-
-        shutil.copytree(Path(msgpack.__file__).parent, tree / "msgpack")
-        (base / "driver.py").write_text(DRIVER)
-        base.chmod(0o755)
-        subprocess.run(["chmod", "-R", "a+rX", str(tree), str(base / "driver.py")], check=True)
-        yield entry, base
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
-        subprocess.run(["userdel", name], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(home, ignore_errors=True)
+def user(
+    throwaway_user: pwd.struct_passwd, readable_codepool: ReadableCopy
+) -> tuple[pwd.struct_passwd, ReadableCopy]:
+    """The throwaway user, and the copy of codepool it runs with this module's driver."""
+    readable_codepool.script("driver.py", DRIVER)
+    return throwaway_user, readable_codepool
 
 
-def _as_user(user: tuple[pwd.struct_passwd, Path], *argv: str) -> subprocess.CompletedProcess[str]:
-    entry, base = user
-    return subprocess.run(
-        [SYSTEM_PYTHON, *argv],
-        user=entry.pw_uid,
-        group=entry.pw_gid,
-        extra_groups=[],
-        cwd=str(base),
-        env={"PYTHONPATH": str(base / "lib"), "PATH": "/usr/bin:/bin", "HOME": entry.pw_dir},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _as_user(
+    user: tuple[pwd.struct_passwd, ReadableCopy], *argv: str
+) -> subprocess.CompletedProcess[str]:
+    entry, copy = user
+    return copy.run(*argv, user=entry)
 
 
-def _drive(user: tuple[pwd.struct_passwd, Path], namespaces: bool) -> dict[str, object]:
-    base = user[1]
+def _drive(user: tuple[pwd.struct_passwd, ReadableCopy], namespaces: bool) -> dict[str, object]:
     mode = "ns" if namespaces else "no-ns"
-    proc = _as_user(user, str(base / "driver.py"), mode, os.path.join(user[0].pw_dir, "secret"))
+    proc = _as_user(user, "driver.py", mode, os.path.join(user[0].pw_dir, "secret"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # The fork-cap case left children sleeping a minute: they died with their snippet.
     uid = user[0].pw_uid
@@ -154,7 +103,7 @@ def _drive(user: tuple[pwd.struct_passwd, Path], namespaces: bool) -> dict[str, 
 
 
 def test_doctor_as_a_non_root_user_names_the_environment_and_passes(
-    user: tuple[pwd.struct_passwd, Path],
+    user: tuple[pwd.struct_passwd, ReadableCopy],
 ) -> None:
     proc = _as_user(user, "-c", "import sys\nfrom codepool.ops import doctor\n"
                     "sys.exit(doctor.main('fork', ()))")  # fmt: skip
@@ -166,7 +115,7 @@ def test_doctor_as_a_non_root_user_names_the_environment_and_passes(
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["user-namespaces", "no-namespaces"])
 def test_a_non_root_worker_holds_against_hostile_snippets(
-    user: tuple[pwd.struct_passwd, Path], namespaces: bool
+    user: tuple[pwd.struct_passwd, ReadableCopy], namespaces: bool
 ) -> None:
     out = _drive(user, namespaces)
     report = out["report"]
@@ -204,13 +153,10 @@ def test_a_non_root_worker_holds_against_hostile_snippets(
 
 
 def test_the_worker_users_home_is_hidden_by_the_namespace_alone(
-    user: tuple[pwd.struct_passwd, Path],
+    user: tuple[pwd.struct_passwd, ReadableCopy],
 ) -> None:
     """On a kernel without Landlock the mount namespace must hide the home by itself."""
-    base = user[1]
-    proc = _as_user(
-        user, str(base / "driver.py"), "ns-no-landlock", os.path.join(user[0].pw_dir, "secret")
-    )
+    proc = _as_user(user, "driver.py", "ns-no-landlock", os.path.join(user[0].pw_dir, "secret"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not out["report"]["landlock"]
