@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,9 +89,13 @@ def waiting_children(executor: LocalExecutor) -> list[int]:
         return [int(child) for child in f.read().split() if int(child) not in executor.zygote_pids]
 
 
-def files_of(uids: range, supervisor_pid: int) -> list[str]:
+def files_of(
+    uids: range, supervisor_pid: int, *, shm_before: Collection[str] | None = None
+) -> list[str]:
     """Entries in the host's temp dirs owned by ``uids`` or left by that supervisor (not
-    by other executors, whatever they left)."""
+    by other executors, whatever they left); with ``shm_before`` (the names in /dev/shm
+    as the executor started; snippets without namespaces or uids of their own use the
+    host's /dev/shm as the worker's uid) also what is new there and of this uid."""
     found = []
     for root in VOLATILE_DIRS:
         for name in os.listdir(root):
@@ -100,9 +104,17 @@ def files_of(uids: range, supervisor_pid: int) -> list[str]:
                 owner = os.lstat(path).st_uid
             except FileNotFoundError:
                 continue
-            if owner in uids or name.startswith(f"{FALLBACK_PREFIX}{supervisor_pid}-"):
+            ours = owner in uids or name.startswith(f"{FALLBACK_PREFIX}{supervisor_pid}-")
+            if shm_before is not None and root == "/dev/shm":
+                ours = ours or (owner == os.geteuid() and name not in shm_before)
+            if ours:
                 found.append(path)
     return found
+
+
+def shm_names() -> set[str]:
+    """What the host's /dev/shm holds now (for ``shm_before``)."""
+    return set(os.listdir("/dev/shm"))
 
 
 ROOT = os.geteuid() == 0
@@ -111,12 +123,16 @@ needs_root = pytest.mark.skipif(
 )
 
 
-def assert_nothing_left(executor: LocalExecutor) -> None:
+def assert_nothing_left(
+    executor: LocalExecutor, *, shm_before: Collection[str] | None = None
+) -> None:
     """No process and no file of any snippet outlives it (checked on the host).
 
-    As root each snippet has a uid of its own, so anything of those uids is a leftover;
-    as non-root snippets keep the worker's uid, so what is looked for is anything below
-    the supervisor other than its zygotes and the children they cloned ahead.
+    As root each snippet has a uid of its own, so anything of those uids is a leftover
+    (in /dev/shm too); as non-root snippets keep the worker's uid, so what is looked for
+    is anything below the supervisor other than its zygotes and the children they cloned
+    ahead, and (given ``shm_before``, see files_of; ignored as root) new files of that
+    uid in /dev/shm.
 
     A snippet's result goes out before its process's exit has torn its image down
     (worker/engine/done.py): what is still in its exit is waited for first (it runs
@@ -136,13 +152,31 @@ def assert_nothing_left(executor: LocalExecutor) -> None:
     assert len(waiting) <= 2 * len(executor.zygote_pids)
     if ROOT:
         assert executor.snippet_uids, "a root executor must give snippets their own uids"
-        uids = executor.snippet_uids
+        uids, shm_before = executor.snippet_uids, None  # their files are those uids'
         assert processes_of(uids, except_children_of=executor.supervisor_pid) == []
     else:
         uids = range(0)
         expected = {*executor.zygote_pids, *waiting}
         assert [p for p in below if p not in expected] == []
-    assert files_of(uids, executor.supervisor_pid) == []
+
+    def left() -> list[str]:
+        # Without namespaces a waiting child already sits in a work dir on the host.
+        waiting_in = {_cwd(pid) for pid in waiting_children(executor)}
+        found = files_of(uids, executor.supervisor_pid, shm_before=shm_before)
+        return [path for path in found if path not in waiting_in]
+
+    # The supervisor sweeps once it has sent the result: wait for it, only so long.
+    give_up = time.monotonic() + 10.0
+    while left() and time.monotonic() < give_up:
+        time.sleep(0.02)
+    assert left() == []
+
+
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
 
 
 # -- Other users and other interpreters --------------------------------------------------
