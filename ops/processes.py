@@ -84,11 +84,12 @@ def worker_role(pid: int) -> str | None:
         return None
     if len(nspid) > 1:
         return None
-    for name, module in (
-        ("dispatcher", "codepool.worker.dispatcher"),
-        ("supervisor", "codepool.worker.engine.supervisor"),
-        ("zygote", "codepool.worker.engine.zygote"),
+    for name, marks in (
+        ("dispatcher", ("codepool.worker.dispatcher",)),
+        ("supervisor", ("codepool.worker.engine.supervisor",)),
+        # Zygotes start as ``python -B -c`` (supervisor.ZYGOTE_BOOT, bare.BOOT).
+        ("zygote", ("codepool.worker.engine import zygote", "codepool.worker.engine import bare")),
     ):
-        if module in cmdline:
+        if any(mark in cmdline for mark in marks):
             return name
     return None

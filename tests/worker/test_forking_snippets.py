@@ -5,13 +5,11 @@ spawn)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from codepool.worker import LocalExecutor
 from tests.conftest import assert_nothing_left
+from tests.reference import run_reference
 
 PARENT_WAITS = (
     "import os, sys, time\n"
@@ -67,16 +65,9 @@ IMAGES = {"plain": "", "preloaded": "import numpy\n"}
 
 
 def reference(code: str, cwd: str) -> tuple[str, str, int]:
-    done = subprocess.run(
-        [sys.executable, "-B", "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-    )
-    stderr = done.stderr.replace('File "<string>"', 'File "<sandbox>"')
-    return done.stdout, stderr, done.returncode
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    stdout, stderr, returncode = run_reference(code, env=env, cwd=cwd)
+    return stdout, stderr.replace('File "<string>"', 'File "<sandbox>"'), returncode
 
 
 @pytest.mark.parametrize("image", IMAGES)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from codepool.worker import LocalExecutor
 from codepool.worker.engine import native
+from tests.reference import run_reference
 from tests.worker.runtime_probes import PROBES
 
 # A snippet that imports numpy is cloned by the preloading zygote (the full image).
@@ -49,19 +48,10 @@ def snippet_env(executor: LocalExecutor) -> dict[str, str]:
 
 
 def reference(code: str, env: dict[str, str], cwd: Path) -> tuple[str, str, int]:
-    done = subprocess.run(
-        [sys.executable, "-B", "-c", code],
-        capture_output=True,
-        cwd=cwd,
-        env={**env, "HOME": str(cwd), "TMPDIR": str(cwd)},
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-    )
-    stdout, stderr = (
-        _alike(out.decode("utf-8", "replace").replace("<string>", "<sandbox>"))
-        for out in (done.stdout, done.stderr)
-    )
-    return stdout, stderr, done.returncode
+    own = {**env, "HOME": str(cwd), "TMPDIR": str(cwd)}
+    stdout, stderr, returncode = run_reference(code, env=own, cwd=cwd)
+    same = "<string>", "<sandbox>"
+    return _alike(stdout.replace(*same)), _alike(stderr.replace(*same)), returncode
 
 
 @pytest.mark.parametrize("image", IMAGES)

@@ -13,12 +13,12 @@ from the reference, and why, is listed in the README.
 
 from __future__ import annotations
 
-import _signal
 import atexit
 import builtins
 import io
 import linecache
 import os
+import signal as _signal
 import sys
 import types
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from codepool.common.autoprint import FILENAME, compile_snippet
 from codepool.worker.engine import contract
 
+_evaluate: Callable[[types.CodeType, dict[str, Any]], Any] | None
 try:
     from codepool.worker.engine._nativechild import run_main as _evaluate
 except ImportError:  # no compiler at install time: the harness's frames show below
@@ -85,14 +86,14 @@ def fresh_main() -> types.ModuleType:
     return main
 
 
-def _stdio(fd: int, name: str, encoding: str, errors: str, *, unbuffered: bool) -> io.TextIOWrapper:
+def _stdio(fd: int, name: str, encoding: str, errors: str, *, unbuffered: bool) -> Any:
     # CPython's create_stdio, for a stream that is no terminal.
     writing = fd != 0
     buffered = not (unbuffered and writing)
-    binary = open(fd, "wb" if writing else "rb", -1 if buffered else 0, closefd=False)
+    binary: Any = open(fd, "wb" if writing else "rb", -1 if buffered else 0, closefd=False)
     raw = binary.raw if buffered else binary
     raw.name = name
-    stream = io.TextIOWrapper(
+    stream: Any = io.TextIOWrapper(
         binary,
         encoding,
         errors,
@@ -187,9 +188,9 @@ def reference_signals() -> None:
 
 def prepare(fresh: Fresh) -> None:
     """Make this process look like a fresh ``python -c`` (before the source is known)."""
-    sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc,assignment]
-    sys.stdout = sys.__stdout__ = fresh.stdout  # type: ignore[misc,assignment]
-    sys.stderr = sys.__stderr__ = fresh.stderr  # type: ignore[misc,assignment]
+    sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = fresh.stdout  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = fresh.stderr  # type: ignore[misc]
     atexit._clear()
     sys.argv = ["-c"]
     if not sys.path or sys.path[0] != "":
