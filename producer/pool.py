@@ -195,8 +195,8 @@ class CodePool:
         server lacks it, so a fresh Redis does not see the first batch announced twice
         (an announcement in a MULTI whose script was missing goes out regardless)."""
         settings = self.settings
-        store_keys = [self.keys.batch_state(batch_id), self.keys.hosts()]
-        store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
+        store_keys = [self.keys.batch_state(batch_id), self.keys.hosts(), self.keys.open_batches()]
+        store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s, batch_id]
         if self._live is None:
             self._live = int(submit_script(self.conn, store_keys, store_args))
             announce(

@@ -128,17 +128,20 @@ class BatchRunner:
         self.queue = batch_queue(conn, settings)
 
     def prestart(
-        self, job: Job, *, pipeline: Pipeline, batch_id: str | None = None
+        self, job: Job, *, pipeline: Pipeline, batch_id: str | None = None, announced: bool = True
     ) -> tuple[BatchExecution | None, list[Any]]:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
         so the two overlap; the first claim goes with what ``pipeline`` holds, which is
         sent in any case. The batch is the one ``batch_id`` names (the job's id, before
         its data is read), else its payload's. Returns the execution (None if the
         announcement is bad: run() reports it) and the replies to what ``pipeline``
-        held (none if the claim's script had to be loaded again)."""
+        held (none if the claim's script had to be loaded again). announced: False
+        for an open batch joined with no announcement (see BatchExecution)."""
         try:
             payload = job.args[0] if batch_id is None and job.args else None
-            execution: BatchExecution | None = BatchExecution(self, job, payload, batch_id=batch_id)
+            execution: BatchExecution | None = BatchExecution(
+                self, job, payload, batch_id=batch_id, announced=announced
+            )
         except (WireError, IndexError):
             execution = None
         if execution is not None:
@@ -170,6 +173,7 @@ class BatchRunner:
         with self.conn.pipeline(transaction=False) as pipe:
             pipe.rpush(done_key, entry)
             pipe.expire(done_key, self.settings.batch_ttl_s)
+            pipe.zrem(self.keys.open_batches(), batch_id)  # nobody is to join it
             pipe.execute()
 
 
@@ -181,11 +185,20 @@ class BatchExecution:
     written."""
 
     def __init__(
-        self, runner: BatchRunner, job: Job, payload: Any, *, batch_id: str | None = None
+        self,
+        runner: BatchRunner,
+        job: Job,
+        payload: Any,
+        *,
+        batch_id: str | None = None,
+        announced: bool = True,
     ) -> None:
         self.runner = runner
         self.job = job
         self.batch_id = batch_id if batch_id is not None else decode_announcement(payload)
+        # Joined from an announcement (False: from the open batches, with none taken).
+        self.announced = announced
+        runner.window.running(self.batch_id)
         self.batch: BatchJob | None = None  # read with the first claim
         self.run = ""
         self.limits = Limits()
@@ -251,6 +264,7 @@ class BatchExecution:
             keys.batch_retry(self.batch_id),
             keys.leases(),
             keys.owner_batches(runner.lease.owner),
+            keys.open_batches(),
         ]
         args = [
             runner.lease.owner,
@@ -275,7 +289,7 @@ class BatchExecution:
         status = reply[0]
         if status == -2:
             self.lost = self.drained = True
-            if first:
+            if first and self.announced:
                 # Fenced before it could join: pass the announcement on, so a batch whose
                 # only announcement this was still gets a dispatcher.
                 announce(runner.queue, runner.settings, batch_id=self.batch_id, size=1)
@@ -407,6 +421,12 @@ class BatchExecution:
             self.fill()
 
     def finish(self) -> dict[str, Any]:
+        try:
+            return self._finish()
+        finally:
+            self.runner.window.running(None)
+
+    def _finish(self) -> dict[str, Any]:
         runner, job = self.runner, self.job
         last_beat = time.monotonic()
         while True:
