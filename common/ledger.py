@@ -62,8 +62,9 @@ return redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf')
 # Claims are fields ``c:{id}`` = ``owner|indices`` of the state hash (one HSET with the
 # ``next`` counter). Fresh runs shrink as the batch drains (guided self-scheduling):
 # what is left over one plus twice the dispatchers live now on other hosts (each may
-# steal a share), at least what the claimer has room for, at most max_k. The last
-# claim closes the batch (out of ``open``).
+# steal a share), at least what the claimer has room for, at most max_k (what the
+# claimer finishes in about a second at its pace so far: hosts that join later find
+# work left). The last claim closes the batch (out of ``open``).
 CLAIM = """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if (not score) or tonumber(score) == 0 then return {-2} end

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -52,6 +53,10 @@ HEARTBEAT_EVERY_S = 10.0
 HEARTBEAT_TTL_S = 60
 # Most indices one claim takes (the first claims of a big batch are the largest).
 MAX_CLAIM = 64
+# A claim takes at most what its dispatcher finishes in this long at its pace in the
+# batch so far (before its first result, what it can start at once): what is left
+# unclaimed is there for a host that joins meanwhile (a cold fleet, autoscaling).
+CLAIM_AHEAD_S = 1.0
 
 
 class RefusedJob(CodepoolError):
@@ -208,6 +213,8 @@ class BatchExecution:
         self.oversize = False
         self.unwritten = 0  # started and not yet written (job thread's count)
         self.ran = 0
+        self._first_start: float | None = None  # monotonic time of the first snippet's start
+        self._taken = 0  # results the writer took (its thread adds)
         # Started and not yet taken by the writer: the job thread adds, the writer takes.
         self._running = 0
         self._running_lock = threading.Lock()
@@ -242,6 +249,7 @@ class BatchExecution:
         """The writer holds ``count`` more results: their places in the window are free."""
         with self._running_lock:
             self._running -= count
+            self._taken += count
             self.runner.window.publish(self._running)
         self._notes.put(0)
 
@@ -270,7 +278,7 @@ class BatchExecution:
             runner.lease.owner,
             self.batch_id,
             room,
-            MAX_CLAIM,
+            self._claim_cap(room),
             runner.settings.lease_s,
             "1" if first else "0",
             runner.window.dispatchers,
@@ -309,6 +317,16 @@ class BatchExecution:
         self.todo = parse_indices(reply[1].decode())[::-1]
         # The batch's last claim: no claim round trip to learn that nothing is left.
         self.drained = int(reply[3]) == 1
+
+    def _claim_cap(self, room: int) -> int:
+        """The most the next claim may take: ``room`` until a result of this execution
+        is in, then what it finishes in CLAIM_AHEAD_S at its pace so far; at most
+        MAX_CLAIM. Sized by the batch at hand, never by history: a claim made while no
+        other host is live yet holds about a second's work, not the batch."""
+        if not self._taken or self._first_start is None:
+            return min(room, MAX_CLAIM)
+        pace = self._taken / max(1e-3, time.monotonic() - self._first_start)
+        return min(MAX_CLAIM, max(room, math.ceil(pace * CLAIM_AHEAD_S)))
 
     def _read_batch(self, spec: Any) -> bool:
         runner = self.runner
@@ -360,6 +378,8 @@ class BatchExecution:
     def _start(self, index: int) -> None:
         runner, batch = self.runner, self.batch
         assert batch is not None
+        if self._first_start is None:
+            self._first_start = time.monotonic()
         self.unwritten += 1
         with self._running_lock:
             self._running += 1
