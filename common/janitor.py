@@ -101,8 +101,9 @@ class Janitor:
                 keys.batch_retry(batch_id),
                 keys.batch_results(batch_id),
                 keys.batch_done(batch_id),
+                keys.open_batches(),
             ],
-            [owner, "1" if graceful else "0", self.settings.batch_ttl_s],
+            [owner, "1" if graceful else "0", self.settings.batch_ttl_s, batch_id],
         )
         released, fresh, reruns = int(reply[0]), int(reply[4]), int(reply[5])
         # reply[1], what it finished, was counted with its write: nothing to do for it.

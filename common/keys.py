@@ -42,6 +42,12 @@ class Keys:
         server time, s): the live hosts a batch is announced to."""
         return f"{self.prefix}hosts"
 
+    def open_batches(self) -> str:
+        """Sorted set: batches with work nobody has claimed yet -> when they were stored
+        (Redis server time, s): what a dispatcher joins before it first waits on the
+        queue (announcements were sized by the hosts live before it)."""
+        return f"{self.prefix}open"
+
     def owner_batches(self, owner: str) -> str:
         """Set: the batches a dispatcher has claimed work in."""
         return f"{self.prefix}owner:{owner}:batches"

@@ -16,7 +16,11 @@ retried or run again, and nothing is ever written but not counted.
 Batches are announced to the live *hosts* (``hosts``: each dispatcher's heartbeat
 renews its host's score too): one dispatcher per host joins a batch, and may use every
 slot its siblings leave free (worker/host_window.py); a claim leaves a share for every
-live dispatcher of another host.
+live dispatcher of another host. A batch that more than one host could share is *open*
+(``open``) from its store until its last index is claimed, and again while released
+work waits: a dispatcher joins the open batches its host is not on before it first
+waits on the queue, so a host that was not live when a batch was announced (a cold
+fleet, a host that joins) still takes a share.
 
 Everything that must be atomic is a Lua script here; results cost one EVALSHA per write
 of many (the result writer gathers them), a claim one per run of indices.
@@ -31,16 +35,25 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-# KEYS: state, hosts. ARGV: spec, n, run, reruns, ttl_s, lease_s. -> live hosts.
+from codepool.common.queueing import MIN_SHARE
+
+# KEYS: state, hosts, open. ARGV: spec, n, run, reruns, ttl_s, lease_s, batch_id.
+# -> live hosts. A batch of more than MIN_SHARE snippets is open (others could share it)
+# until its last index is claimed; entries older than the batch TTL go on the way.
 SUBMIT = """
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
            'reruns', ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 local t = redis.call('TIME')
-return redis.call('ZCOUNT', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[6], '+inf')
-"""
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+if tonumber(ARGV[2]) > MIN_SHARE then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - ARGV[5])
+  redis.call('ZADD', KEYS[3], now, ARGV[7])
+end
+return redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf')
+""".replace("MIN_SHARE", str(MIN_SHARE))
 
-# KEYS: state, retry, leases, owner_batches.
+# KEYS: state, retry, leases, owner_batches, open.
 # ARGV: owner, batch_id, min_k, max_k, lease_s, need_spec ('1' on a dispatcher's first
 # claim in this batch: returns the batch record too), the owner's host's dispatchers.
 # -> {-2} fenced owner; {-1} no such batch; {0, '', spec} nothing left to claim;
@@ -49,13 +62,17 @@ return redis.call('ZCOUNT', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARG
 # Claims are fields ``c:{id}`` = ``owner|indices`` of the state hash (one HSET with the
 # ``next`` counter). Fresh runs shrink as the batch drains (guided self-scheduling):
 # what is left over one plus twice the dispatchers live now on other hosts (each may
-# steal a share; the claimer's own host runs it all anyway, so a lone host takes it
-# all), at least what the claimer has room for.
+# steal a share), at least what the claimer has room for, at most max_k (what the
+# claimer finishes in about a second at its pace so far: hosts that join later find
+# work left). The last claim closes the batch (out of ``open``).
 CLAIM = """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if (not score) or tonumber(score) == 0 then return {-2} end
 local st = redis.call('HMGET', KEYS[1], 'n', 'next', 'retry')
-if not st[1] then return {-1} end
+if not st[1] then
+  redis.call('ZREM', KEYS[5], ARGV[2])
+  return {-1}
+end
 local n, nxt, retry = tonumber(st[1]), tonumber(st[2]), tonumber(st[3] or '0')
 local min_k, max_k = tonumber(ARGV[3]), tonumber(ARGV[4])
 local spec = false
@@ -71,10 +88,14 @@ if retry > 0 then
     local claim = table.concat(again, ',')
     redis.call('HSET', KEYS[1], 'c:' .. cid, ARGV[1] .. '|' .. claim)
     local last = (retry - #again <= 0 and nxt >= n) and 1 or 0
+    if last == 1 and n > MIN_SHARE then redis.call('ZREM', KEYS[5], ARGV[2]) end
     return {cid, claim, spec, last}
   end
 end
-if nxt >= n then return {0, '', spec} end
+if nxt >= n then
+  if n > MIN_SHARE then redis.call('ZREM', KEYS[5], ARGV[2]) end
+  return {0, '', spec}
+end
 local left = n - nxt
 local t = redis.call('TIME')
 local live = redis.call('ZCOUNT', KEYS[3], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[5], '+inf')
@@ -82,8 +103,10 @@ local k = math.ceil(left / (1 + 2 * math.max(0, live - tonumber(ARGV[7]))))
 k = math.min(math.max(k, min_k), max_k, left)
 local claim = nxt .. '-' .. (nxt + k - 1)
 redis.call('HSET', KEYS[1], 'next', nxt + k, 'c:f' .. nxt, ARGV[1] .. '|' .. claim)
-return {'f' .. nxt, claim, spec, (k == left and retry <= 0) and 1 or 0}
-"""
+local last = (k == left and retry <= 0) and 1 or 0
+if last == 1 and n > MIN_SHARE then redis.call('ZREM', KEYS[5], ARGV[2]) end
+return {'f' .. nxt, claim, spec, last}
+""".replace("MIN_SHARE", str(MIN_SHARE))
 
 # KEYS: results, done, then the counter hashes (the minute hash second among them, so
 # KEYS[4]). ARGV: ttl_s, minute_ttl_s, then ten per result: index, result, done entry,
@@ -164,9 +187,10 @@ end
 return 0
 """
 
-# KEYS: state, retry, results, done. ARGV: owner, graceful ('1': a stopping owner gives
-# back what it never started, which costs no re-run), ttl_s. Sets the done list's TTL
-# again: the lapsed owner may have made it anew after the producer had drained it.
+# KEYS: state, retry, results, done, open. ARGV: owner, graceful ('1': a stopping owner
+# gives back what it never started, which costs no re-run), ttl_s, batch_id. Sets the
+# done list's TTL again: the lapsed owner may have made it anew after the producer had
+# drained it. Released work opens the batch again (a host that joins takes it too).
 # -> {released, finished indices (orphans), exhausted indices, run tag, unclaimed fresh
 #    indices, reruns allowed}; released = -1 when the batch is gone.
 RELEASE = """
@@ -206,10 +230,14 @@ end
 if #again > 0 then
   redis.call('HINCRBY', KEYS[1], 'retry', #again)
   redis.call('EXPIRE', KEYS[2], ARGV[3])
+  if tonumber(st[3]) > MIN_SHARE then
+    local t = redis.call('TIME')
+    redis.call('ZADD', KEYS[5], tonumber(t[1]) + tonumber(t[2]) / 1e6, ARGV[4])
+  end
 end
 redis.call('EXPIRE', KEYS[4], ARGV[3])
 return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4]), reruns}
-"""
+""".replace("MIN_SHARE", str(MIN_SHARE))
 
 
 class Script:

@@ -219,6 +219,13 @@ class Fleet:
         self._started.append((host_index, process))
         return process
 
+    def stop_worker(self, host_index: int) -> None:
+        """Stop the host's worker as its service manager would (SIGTERM: it finishes what
+        it runs and leaves the fleet), killing what is left after ``stop_timeout_s``."""
+        worker = self._workers.get(host_index)
+        if worker is not None:
+            self._stop_worker(worker, self.namespace(host_index))
+
     def host_pids(self, host_index: int) -> list[int]:
         """The worker's pid and every process below it, plus whatever else runs in the
         host's namespace (an orphan whose parent died is no longer below the worker)."""

@@ -66,6 +66,7 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
         ("ZRANGEBYSCORE", keys.leases(), "0", "1", "LIMIT", "0", "1"),
         ("ZCOUNT", keys.hosts(), "0", "+inf"),
         ("ZREMRANGEBYSCORE", keys.hosts(), "-inf", "0"),
+        ("ZRANGE", keys.open_batches(), "0", "1"),
         ("HMGET", keys.batch_state(PROBE_ID), "n", "next"),
         ("LPOP", keys.batch_retry(PROBE_ID), "1"),
         ("SMEMBERS", keys.owner_batches(PROBE_ID)),

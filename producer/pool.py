@@ -193,10 +193,13 @@ class CodePool:
         """One round trip when the live host count is known (from the previous
         submit), two for a pool's first batch: that one also loads the script if the
         server lacks it, so a fresh Redis does not see the first batch announced twice
-        (an announcement in a MULTI whose script was missing goes out regardless)."""
+        (an announcement in a MULTI whose script was missing goes out regardless).
+        When the store finds more live hosts than the previous submit did (hosts that
+        started or joined since), the announcements they were not counted for follow at
+        once, in one round trip more."""
         settings = self.settings
-        store_keys = [self.keys.batch_state(batch_id), self.keys.hosts()]
-        store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
+        store_keys = [self.keys.batch_state(batch_id), self.keys.hosts(), self.keys.open_batches()]
+        store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s, batch_id]
         if self._live is None:
             self._live = int(submit_script(self.conn, store_keys, store_args))
             announce(
@@ -210,6 +213,7 @@ class CodePool:
             return
         # One MULTI/EXEC (RQ turns a pipeline into one anyway): the batch is stored
         # before any dispatcher can see its announcement.
+        announced = announcements_for(n, self._live)
         with self.conn.pipeline(transaction=True) as pipe:
             pipe.multi()
             submit_script.queue(pipe, store_keys, store_args)
@@ -218,7 +222,7 @@ class CodePool:
                 settings,
                 batch_id=batch_id,
                 size=n,
-                count=announcements_for(n, self._live or 1),
+                count=announced,
                 pipeline=pipe,
                 made=made,
             )
@@ -229,6 +233,10 @@ class CodePool:
                 # dispatcher that found no batch yet has let its announcement go).
                 self._live = int(submit_script(self.conn, store_keys, store_args))
                 announce(self._queue, settings, batch_id=batch_id, size=n)
+                announced += 1
+        missing = announcements_for(n, self._live) - announced
+        if missing > 0:
+            announce(self._queue, settings, batch_id=batch_id, size=n, count=missing)
 
     def nudge(self, batch_id: str, size: int) -> bool:
         """Announce a batch once more if it has work nobody has claimed; True if it did.

@@ -2,7 +2,9 @@
 batches in process (no fork per job) and runs its claims on the host's shared executor,
 holding a lease (worker/lease.py) while it lives. Its share of the executor's slots, and
 what it may borrow of its siblings', come from worker/host_window.py; it waits on the
-queue only in its host's turn (worker/listen_turn.py).
+queue only in its host's turn (worker/listen_turn.py). Before it first waits there, it
+joins the open batches (work nobody claimed yet) its host does not run: they were
+announced to the hosts live before it, so no announcement brings it to them.
 
 Run by the worker host as ``python -m codepool.worker.dispatcher`` with its JSON config
 on stdin.
@@ -24,6 +26,7 @@ import redis
 from redis import Redis
 from redis.client import Pipeline
 from rq import Queue, SimpleWorker
+from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
 from rq.utils import now as now_utc
@@ -135,6 +138,7 @@ class Dispatcher(SimpleWorker):
     _state_unsent = False  # the state changed to IDLE and Redis has not been told yet
     _beat_rides_next = False  # a job just ended: RQ's suspension check beats next
     _prepared: str | None = None  # the job whose start prepare_execution already sent
+    _arrived = False  # has looked for open batches and found none left to join
 
     # Redis CPU goes by round trips rather than commands. RQ sends the three commands
     # of a worker heartbeat one round trip each, three times a job within milliseconds
@@ -181,7 +185,23 @@ class Dispatcher(SimpleWorker):
     ) -> tuple[Job, Queue] | None:
         if self.turn is None:
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-        self.turn.take(keepalive=self.heartbeat, every_s=WORKER_TTL_S - 15)
+        while True:
+            self.turn.take(keepalive=self.heartbeat, every_s=WORKER_TTL_S - 15)
+            try:
+                # In the turn, so a sibling looking meanwhile leaves this batch to it.
+                batch_id = None if self._arrived else self._open_batch()
+                if batch_id is not None:
+                    assert self.runner is not None
+                    self.runner.window.running(batch_id)
+            except BaseException:
+                self.turn.give_back()
+                raise
+            if batch_id is None:
+                break
+            self.turn.give_back()
+            self._join_open(batch_id)
+            if self._stop_requested:
+                raise StopRequested
         try:
             result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         except BaseException:
@@ -192,6 +212,56 @@ class Dispatcher(SimpleWorker):
         # With a job, the turn passes on once its first snippets have started
         # (execute_job): the sibling's wake-up then does not compete with them.
         return result
+
+    def _open_batch(self) -> str | None:
+        """The oldest open batch (unclaimed work) that no dispatcher of this host runs,
+        in one round trip; None when there is none (the dispatcher has arrived: from now
+        on every batch is announced counting its host) or Redis did not answer."""
+        runner = self.runner
+        if runner is None:
+            self._arrived = True
+            return None
+        window = runner.window
+        try:
+            found = self.connection.zrange(runner.keys.open_batches(), 0, window.dispatchers)
+        except redis.RedisError as exc:
+            log.warning("dispatcher %s: could not look for open batches: %s", self.name, exc)
+            return None
+        hosted = window.hosted()
+        for raw in cast(list[bytes], found):
+            batch_id = raw.decode()
+            if batch_id not in hosted:
+                return batch_id
+        self._arrived = True
+        return None
+
+    def _join_open(self, batch_id: str) -> None:
+        """Run this dispatcher's part in open batch ``batch_id``, which no announcement
+        brought it to: busy meanwhile (a SIGTERM waits for it, as for a job), with no RQ
+        job of its own (nothing to beat, nothing for a janitor to retire: its lease and
+        the batch's claims are all there is to recover)."""
+        runner = self.runner
+        assert runner is not None
+        log.info("dispatcher %s: joining open batch %s", self.name, batch_id)
+        # Never saved: it names the execution in logs, as an announcement's id would.
+        job = self.job_class(
+            f"{batch_id}-open", connection=self.connection, serializer=self.serializer
+        )
+        try:
+            with self.connection.pipeline(transaction=False) as first:
+                self.set_state(WorkerStatus.BUSY, pipeline=first)
+                execution, _ = runner.prestart(
+                    job, pipeline=first, batch_id=batch_id, announced=False
+                )
+        except redis.RedisError as exc:
+            # Whether the claim went through is unknown: stop as a failed job start does.
+            raise CodepoolError(f"open batch {batch_id}: its first claim failed: {exc}") from exc
+        try:
+            if execution is not None:
+                execution.beats_job = False
+                execution.finish()
+        finally:
+            self.set_state(WorkerStatus.IDLE)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is None:

@@ -7,10 +7,13 @@ up to the host's capacity (``N + K`` in the executor: every slot busy and one wa
 per dispatcher, as when all K run their shares). A straggler still holds one slot, not
 the host: the dispatcher holding it waits, and its siblings take the next batches.
 
-The counts live in a small file in the host's private dir, one 32-bit cell per
-dispatcher slot, mapped by every dispatcher: each writes only its own cell and reads the
-others'. The figures are advisory (two dispatchers may both see the last free place),
-so the host never holds more than a few beyond its capacity.
+The counts live in a small file in the host's private dir, one cell per dispatcher
+slot, mapped by every dispatcher: each writes only its own cell and reads the others'.
+A cell holds the dispatcher's snippets in the executor (32 bits) and the id of the batch
+it runs (32 bytes, zeros when it runs none): a dispatcher that looks for open batches to
+join (worker/dispatcher.py) leaves those its host runs already. The figures are advisory
+(two dispatchers may both see the last free place), so the host never holds more than a
+few beyond its capacity.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import mmap
 import os
 import struct
 
-CELL = struct.Struct("<i")
+BATCH_ID_BYTES = 32  # new_batch_id: 32 hex digits
+COUNT = struct.Struct("<i")
+CELL = struct.Struct(f"<i{BATCH_ID_BYTES}x")  # a cell; iter_unpack reads every count at once
+BATCH_ID = struct.Struct(f"{BATCH_ID_BYTES}s")  # after the count
 
 
 def create(path: str, dispatchers: int) -> None:
@@ -59,7 +65,18 @@ class HostWindow:
 
     def publish(self, own: int) -> None:
         """This dispatcher has ``own`` snippets in the executor now."""
-        CELL.pack_into(self._map, CELL.size * self.slot, own)
+        COUNT.pack_into(self._map, CELL.size * self.slot, own)
+
+    def running(self, batch_id: str | None) -> None:
+        """This dispatcher runs batch ``batch_id`` now (None: none)."""
+        raw = batch_id.encode()[:BATCH_ID_BYTES] if batch_id else b""
+        BATCH_ID.pack_into(self._map, CELL.size * self.slot + COUNT.size, raw)
+
+    def hosted(self) -> set[str]:
+        """The batches this host's dispatchers run now."""
+        offsets = range(COUNT.size, CELL.size * self._cells, CELL.size)
+        raw = (BATCH_ID.unpack_from(self._map, at)[0].rstrip(b"\0") for at in offsets)
+        return {batch.decode(errors="replace") for batch in raw if batch}
 
     def room(self, own: int) -> int:
         """How many more this dispatcher may start, holding ``own``: up to its share,
@@ -69,6 +86,7 @@ class HostWindow:
 
     def close(self) -> None:
         self.publish(0)
+        self.running(None)
         self._map.close()
 
 

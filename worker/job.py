@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -52,6 +53,10 @@ HEARTBEAT_EVERY_S = 10.0
 HEARTBEAT_TTL_S = 60
 # Most indices one claim takes (the first claims of a big batch are the largest).
 MAX_CLAIM = 64
+# A claim takes at most what its dispatcher finishes in this long at its pace in the
+# batch so far (before its first result, what it can start at once): what is left
+# unclaimed is there for a host that joins meanwhile (a cold fleet, autoscaling).
+CLAIM_AHEAD_S = 1.0
 
 
 class RefusedJob(CodepoolError):
@@ -128,17 +133,20 @@ class BatchRunner:
         self.queue = batch_queue(conn, settings)
 
     def prestart(
-        self, job: Job, *, pipeline: Pipeline, batch_id: str | None = None
+        self, job: Job, *, pipeline: Pipeline, batch_id: str | None = None, announced: bool = True
     ) -> tuple[BatchExecution | None, list[Any]]:
         """Claim and start the first snippets before RQ's own bookkeeping for the job,
         so the two overlap; the first claim goes with what ``pipeline`` holds, which is
         sent in any case. The batch is the one ``batch_id`` names (the job's id, before
         its data is read), else its payload's. Returns the execution (None if the
         announcement is bad: run() reports it) and the replies to what ``pipeline``
-        held (none if the claim's script had to be loaded again)."""
+        held (none if the claim's script had to be loaded again). announced: False
+        for an open batch joined with no announcement (see BatchExecution)."""
         try:
             payload = job.args[0] if batch_id is None and job.args else None
-            execution: BatchExecution | None = BatchExecution(self, job, payload, batch_id=batch_id)
+            execution: BatchExecution | None = BatchExecution(
+                self, job, payload, batch_id=batch_id, announced=announced
+            )
         except (WireError, IndexError):
             execution = None
         if execution is not None:
@@ -170,6 +178,7 @@ class BatchRunner:
         with self.conn.pipeline(transaction=False) as pipe:
             pipe.rpush(done_key, entry)
             pipe.expire(done_key, self.settings.batch_ttl_s)
+            pipe.zrem(self.keys.open_batches(), batch_id)  # nobody is to join it
             pipe.execute()
 
 
@@ -181,11 +190,20 @@ class BatchExecution:
     written."""
 
     def __init__(
-        self, runner: BatchRunner, job: Job, payload: Any, *, batch_id: str | None = None
+        self,
+        runner: BatchRunner,
+        job: Job,
+        payload: Any,
+        *,
+        batch_id: str | None = None,
+        announced: bool = True,
     ) -> None:
         self.runner = runner
         self.job = job
         self.batch_id = batch_id if batch_id is not None else decode_announcement(payload)
+        # Joined from an announcement (False: from the open batches, with none taken).
+        self.announced = announced
+        runner.window.running(self.batch_id)
         self.batch: BatchJob | None = None  # read with the first claim
         self.run = ""
         self.limits = Limits()
@@ -195,6 +213,8 @@ class BatchExecution:
         self.oversize = False
         self.unwritten = 0  # started and not yet written (job thread's count)
         self.ran = 0
+        self._first_start: float | None = None  # monotonic time of the first snippet's start
+        self._taken = 0  # results the writer took (its thread adds)
         # Started and not yet taken by the writer: the job thread adds, the writer takes.
         self._running = 0
         self._running_lock = threading.Lock()
@@ -229,6 +249,7 @@ class BatchExecution:
         """The writer holds ``count`` more results: their places in the window are free."""
         with self._running_lock:
             self._running -= count
+            self._taken += count
             self.runner.window.publish(self._running)
         self._notes.put(0)
 
@@ -251,12 +272,13 @@ class BatchExecution:
             keys.batch_retry(self.batch_id),
             keys.leases(),
             keys.owner_batches(runner.lease.owner),
+            keys.open_batches(),
         ]
         args = [
             runner.lease.owner,
             self.batch_id,
             room,
-            MAX_CLAIM,
+            self._claim_cap(room),
             runner.settings.lease_s,
             "1" if first else "0",
             runner.window.dispatchers,
@@ -275,7 +297,7 @@ class BatchExecution:
         status = reply[0]
         if status == -2:
             self.lost = self.drained = True
-            if first:
+            if first and self.announced:
                 # Fenced before it could join: pass the announcement on, so a batch whose
                 # only announcement this was still gets a dispatcher.
                 announce(runner.queue, runner.settings, batch_id=self.batch_id, size=1)
@@ -295,6 +317,16 @@ class BatchExecution:
         self.todo = parse_indices(reply[1].decode())[::-1]
         # The batch's last claim: no claim round trip to learn that nothing is left.
         self.drained = int(reply[3]) == 1
+
+    def _claim_cap(self, room: int) -> int:
+        """The most the next claim may take: ``room`` until a result of this execution
+        is in, then what it finishes in CLAIM_AHEAD_S at its pace so far; at most
+        MAX_CLAIM. Sized by the batch at hand, never by history: a claim made while no
+        other host is live yet holds about a second's work, not the batch."""
+        if not self._taken or self._first_start is None:
+            return min(room, MAX_CLAIM)
+        pace = self._taken / max(1e-3, time.monotonic() - self._first_start)
+        return min(MAX_CLAIM, max(room, math.ceil(pace * CLAIM_AHEAD_S)))
 
     def _read_batch(self, spec: Any) -> bool:
         runner = self.runner
@@ -346,6 +378,8 @@ class BatchExecution:
     def _start(self, index: int) -> None:
         runner, batch = self.runner, self.batch
         assert batch is not None
+        if self._first_start is None:
+            self._first_start = time.monotonic()
         self.unwritten += 1
         with self._running_lock:
             self._running += 1
@@ -407,6 +441,12 @@ class BatchExecution:
             self.fill()
 
     def finish(self) -> dict[str, Any]:
+        try:
+            return self._finish()
+        finally:
+            self.runner.window.running(None)
+
+    def _finish(self) -> dict[str, Any]:
         runner, job = self.runner, self.job
         last_beat = time.monotonic()
         while True:

@@ -2,11 +2,14 @@
 
 Sleep-based snippets, so the numbers measure spreading and recovery, not the CPU. Prints:
 time / ideal for one ``CodePool.submit`` batch and for a gather over
-``RemoteSandbox.arun_code`` (median of ``--repeat`` runs); seconds from a fault of the
-busiest host (kill -9 of its whole process tree, SIGSTOP, its link cut) to the batch's
-last result, with the producer's default settings; duplicate done-list entries; counters
-against snippets submitted; Redis commands and Redis CPU per snippet. A report, not a
-test: it exits 0 whatever the numbers say. Needs root (network namespaces).
+``RemoteSandbox.arun_code`` (median of ``--repeat`` runs); for a cold fleet, the first
+batch of freshly started hosts (submitted once every host process has heartbeated, its
+dispatchers still starting) and a batch during which a host starts (at a sixth of it):
+time / ideal, what each host ran and when its first result came; seconds from a fault of
+the busiest host (kill -9 of its whole process tree, SIGSTOP, its link cut) to the
+batch's last result, with the producer's default settings; duplicate done-list entries;
+counters against snippets submitted; Redis commands and Redis CPU per snippet. A report,
+not a test: it exits 0 whatever the numbers say. Needs root (network namespaces).
 
     python ops/bench/fleet.py [--hosts 3] [--slots 2] [--snippets 120] [--sleep 0.2]
 """
@@ -21,7 +24,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -66,6 +69,9 @@ class Run:
     counted: int = 0
     fault_to_end_s: float = 0.0
     victim: str = ""
+    per_host: Counter[str] = field(default_factory=Counter)
+    first_s: dict[str, float] = field(default_factory=dict)  # each host's first result
+    joined_s: float = 0.0  # when the joining host was started (seconds after the submit)
 
 
 class Bench:
@@ -106,6 +112,23 @@ class Bench:
         members = cast(list[bytes], self.conn.zrangebyscore(self.keys.leases(), now - 5, "+inf"))
         return sum(m.decode().startswith(f"h{index}.") for m in members)
 
+    def wait_heartbeats(self) -> None:
+        """Until every host process has heartbeated (``codepool stats`` lists it): the
+        moment an operator sees a fresh fleet up, its dispatchers still starting."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self.conn.zcard(self.keys.workers()) < self.args.hosts:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hosts did not heartbeat; see {self.logs}")
+            time.sleep(0.01)
+
+    def wait_gone(self, index: int) -> None:
+        """Until host ``index`` has left the fleet (no dispatcher of it holds a lease)."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self._live(index):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"host h{index} did not leave; see {self.logs}/h{index}.log")
+            time.sleep(0.05)
+
     def _listening(self, index: int) -> bool:
         addr = f"10.250.{index}.2:"
         clients = self.conn.client_list()
@@ -114,24 +137,34 @@ class Bench:
     def counted(self) -> int:
         return counters.parse(self.conn.hgetall(self.keys.stats())).get("calls", 0)
 
-    def submit_run(self, fault: Callable[[int], object] | None = None) -> Run:
+    def submit_run(
+        self, fault: Callable[[int], object] | None = None, join: int | None = None
+    ) -> Run:
+        """One batch; at a sixth of its results, ``fault`` hits the busiest host, or host
+        ``join`` is started."""
         n = self.args.snippets
         counted_before = self.counted()
         before = Cost.read(self.conn)
         started = time.monotonic()
         batch = self.pool.submit([self.code] * n, timeout_s=10.0)
         per_host: Counter[str] = Counter()
-        faulted_at, victim = 0.0, ""
+        first_s: dict[str, float] = {}
+        faulted_at, victim, joined_s = 0.0, "", 0.0
         for done, (_, result) in enumerate(batch.as_completed(COLLECT_TIMEOUT_S), start=1):
             per_host[result.worker] += 1
+            first_s.setdefault(result.worker, time.monotonic() - started)
             if fault is not None and done == n // 6:
                 victim = per_host.most_common(1)[0][0]
                 faulted_at = time.monotonic()
                 fault(int(victim[1:]))
+            if join is not None and done == n // 6:
+                joined_s = time.monotonic() - started
+                self.start(join)
         wall_s = time.monotonic() - started
         time.sleep(STATS_SETTLE_S)
         run = Run(wall_s, Cost.read(self.conn) - before, batch.duplicates)
         run.counted = self.counted() - counted_before
+        run.per_host, run.first_s, run.joined_s = per_host, first_s, joined_s
         if fault is not None:
             run.fault_to_end_s = started + wall_s - faulted_at
             run.victim = victim
@@ -179,12 +212,22 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(fleet, args, Path(logs))
         for index in range(args.hosts):
             bench.start(index)
+        # The first batch, as a training run's first step meets a fleet just started
+        # (also the warm-up: first forks, page cache, script loads).
+        bench.wait_heartbeats()
+        cold = bench.submit_run()
         for index in range(args.hosts):
             bench.wait_live(index)
-        bench.submit_run()  # warm-up: first forks, page cache, script loads
         submits = [bench.submit_run() for _ in range(args.repeat)]
         gathers = [bench.gather_run() for _ in range(args.repeat)]
         idle = bench.idle_cost(bench.ideal_s)
+        # A host that starts while a batch runs (autoscaling, a restart): the last one
+        # leaves cleanly, and starts again at a sixth of the next batch.
+        joiner = args.hosts - 1
+        fleet.stop_worker(joiner)
+        bench.wait_gone(joiner)
+        joined = bench.submit_run(join=joiner)
+        bench.wait_live(joiner)
         faults: list[tuple[str, Run]] = []
 
         def kill(index: int) -> None:
@@ -202,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = int(faults[-1][1].victim[1:])
         fleet.restore_link(cut)
         bench.wait_live(cut)
-        report(args, bench.ideal_s, submits, gathers, idle, faults)
+        report(args, bench.ideal_s, submits, gathers, idle, faults, cold, joined, joiner)
     return 0
 
 
@@ -213,6 +256,9 @@ def report(
     gathers: list[Run],
     idle: Cost,
     faults: list[tuple[str, Run]],
+    cold: Run,
+    joined: Run,
+    joiner: int,
 ) -> None:
     n = args.snippets
     print(
@@ -220,15 +266,53 @@ def report(
         f"ideal {ideal_s:.2f} s; median of {args.repeat}"
     )
     print(f"{'workload':<26}{'time s':>9}{'/ ideal':>9}{'cmds/snip':>11}{'redis us/snip':>15}")
+
+    def row(name: str, wall: float, ideal: float, cost: tuple[float, float], verdict: str) -> None:
+        cmds, cpu = cost
+        print(f"{name:<26}{wall:>9.2f}{wall / ideal:>8.2f}x{cmds:>11.1f}{cpu:>15.1f}   {verdict}")
+
     for name, runs in (("CodePool.submit batch", submits), (f"gather of {n} arun_code", gathers)):
         wall = statistics.median(r.wall_s for r in runs)
         cmds = statistics.median(r.cost.commands / n for r in runs)
         cpu = statistics.median(r.cost.cpu_s * 1e6 / n for r in runs)
-        verdict = "ok" if wall / ideal_s <= TARGET_RATIO else f"over {TARGET_RATIO}x"
-        print(f"{name:<26}{wall:>9.2f}{wall / ideal_s:>8.2f}x{cmds:>11.1f}{cpu:>15.1f}   {verdict}")
+        row(name, wall, ideal_s, (cmds, cpu), _within(wall / ideal_s))
+    hosts = [f"h{i}" for i in range(args.hosts)]
+    idle_hosts = " ".join(h for h in hosts if not cold.per_host.get(h))
+    verdict = _within(cold.wall_s / ideal_s) + (f", {idle_hosts} ran nothing" if idle_hosts else "")
+    row("first batch, fresh hosts", cold.wall_s, ideal_s, _per_snippet(cold, n), verdict)
+    # Its ideal counts the joiner from its start on: H - 1 hosts until then, H after.
+    joiner_name, work_s = f"h{joiner}", n * args.sleep
+    left_s = max(0.0, work_s - (args.hosts - 1) * args.slots * joined.joined_s)
+    joined_ideal_s = joined.joined_s + left_s / (args.hosts * args.slots)
+    fair = (n - n // 6) / args.hosts  # of what was left when it started
+    ran = joined.per_host.get(joiner_name, 0)
+    verdict = f"{joiner_name} ran {ran}: {'a' if ran >= fair / 2 else 'short of a'} share"
+    label = f"{joiner_name} starts mid-batch"
+    row(label, joined.wall_s, joined_ideal_s, _per_snippet(joined, n), verdict)
     print(
         f"{'idle fleet, per second':<26}{'':>18}{idle.commands:>11}{idle.cpu_s * 1e6:>15.0f}"
         "   (heartbeats, RQ's loops)"
+    )
+    print(
+        "first batch: submitted once every host process had heartbeated, its dispatchers still "
+        f"starting.\n{label}: started at a sixth of the results ({joined.joined_s:.2f} s), "
+        f"its ideal counts it from then on; a fair share of what was left: {fair:.0f}."
+    )
+    print(f"\n{'who ran what (1st s)':<26}" + "".join(f"{h:>14}" for h in hosts))
+    for name, run, joined_s in (
+        ("first batch, fresh hosts", cold, 0.0),
+        (label, joined, joined.joined_s),
+    ):
+        cells = []
+        for h in hosts:
+            first_s = run.first_s.get(h)
+            start_s = joined_s if h == joiner_name else 0.0
+            when = "-" if first_s is None else f"{first_s - start_s:.2f}"
+            cells.append(f"{run.per_host.get(h, 0)} ({when})")
+        print(f"{name:<26}" + "".join(f"{cell:>14}" for cell in cells))
+    print(
+        f"snippets each host ran (seconds to its first result from the submit; {joiner_name} "
+        "mid-batch: from its start)"
     )
     clean_s = statistics.median(r.wall_s for r in submits)
     header = f"{'batch s':>9}{'extra s':>9}{'fault->end s':>14}{'dups':>6}{'counted':>9}"
@@ -248,6 +332,15 @@ def report(
         "result.\nSleep snippets' Redis cost is mostly per second, not per snippet: heartbeats, "
         "and each busy dispatcher's counter flush."
     )
+
+
+def _within(ratio: float) -> str:
+    return "ok" if ratio <= TARGET_RATIO else f"over {TARGET_RATIO}x"
+
+
+def _per_snippet(run: Run, n: int) -> tuple[float, float]:
+    """Redis commands and CPU microseconds per snippet of one run."""
+    return run.cost.commands / n, run.cost.cpu_s * 1e6 / n
 
 
 if __name__ == "__main__":

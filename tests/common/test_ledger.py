@@ -34,14 +34,14 @@ def _store(conn: redis.Redis, settings: Settings, n: int, reruns: int = 2) -> st
     keys = settings.keys
     submit_script(
         conn,
-        [keys.batch_state(batch_id), keys.hosts()],
-        [spec, n, "r", reruns, settings.batch_ttl_s, settings.lease_s],
+        [keys.batch_state(batch_id), keys.hosts(), keys.open_batches()],
+        [spec, n, "r", reruns, settings.batch_ttl_s, settings.lease_s, batch_id],
     )
     return batch_id
 
 
 def _claim(
-    conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int
+    conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int, most: int = 64
 ) -> list[int] | None:
     keys = settings.keys
     reply = claim_script(
@@ -51,11 +51,14 @@ def _claim(
             keys.batch_retry(batch_id),
             keys.leases(),
             keys.owner_batches(owner),
+            keys.open_batches(),
         ],
-        [owner, batch_id, room, 64, settings.lease_s, "1", 1],
+        [owner, batch_id, room, most, settings.lease_s, "1", 1],
     )
     if reply[0] == -2:
         return None
+    if reply[0] == -1:  # no such batch
+        return []
     return parse_indices(reply[1].decode()) if reply[1] else []
 
 
@@ -251,20 +254,57 @@ def test_batches_see_live_hosts_and_a_claim_says_when_it_was_the_last(redis_url:
     assert watch[1] == 2
     batch_id = new_batch_id()
     spec = BatchJob.from_codes(batch_id, ["print(1)"] * 5, Limits(), "", 0.0).encode()
-    state = [keys.batch_state(batch_id), keys.hosts()]
-    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0]) == 2
+    state = [keys.batch_state(batch_id), keys.hosts(), keys.open_batches()]
+    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0, batch_id]) == 2
     conn.zadd(keys.hosts(), {"h2": 1.0})
-    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0]) == 1
+    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0, batch_id]) == 1
     # A claim leaves a share for every live dispatcher of another host (h2's one: a
     # third of 9), and once that one is silent the lone host takes what is left in one
     # go (within room and MAX_CLAIM), told that it was the last: no claim round trip
     # follows to learn it.
     batch_id = _store(conn, settings, 9)
     claim_keys = [keys.batch_state(batch_id), keys.batch_retry(batch_id), keys.leases()]
-    claim_keys.append(keys.owner_batches("h1.0.x"))
+    claim_keys += [keys.owner_batches("h1.0.x"), keys.open_batches()]
     first = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "1", 2])
     assert (first[1], first[3]) == (b"0-2", 0)
     conn.zadd(keys.leases(), {"h2.0.z": 1.0})
     last = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "0", 2])
     assert (last[1], last[3]) == (b"3-8", 1)
     assert claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "0", 2])[0] == 0
+
+
+def test_a_batch_others_could_share_is_open_until_its_last_claim_and_again_when_released(
+    redis_url: str,
+) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    keys = settings.keys
+
+    def open_now() -> list[bytes]:
+        return list(conn.zrange(keys.open_batches(), 0, -1))
+
+    _beat(conn, settings, "a", host="a")
+    pair = _store(conn, settings, 2)  # one host's work (MIN_SHARE): never open
+    batch_id = _store(conn, settings, 10)
+    assert open_now() == [batch_id.encode()]
+    # A claim within max_k leaves the rest open; the one that takes the last index closes it.
+    assert _claim(conn, settings, batch_id, "a", room=1, most=4) == [0, 1, 2, 3]
+    assert open_now() == [batch_id.encode()]
+    assert _claim(conn, settings, batch_id, "a", room=1) == list(range(4, 10))
+    assert open_now() == []
+    assert _claim(conn, settings, pair, "a", room=1) == [0, 1]
+    # Work released from a lapsed claim opens it again, until it is claimed once more.
+    for index in (0, 1):
+        _write(conn, settings, pair, index)
+    _write(conn, settings, batch_id, 0)
+    conn.zadd(keys.leases(), {"a": 1.0})
+    _beat(conn, settings, "b", host="b")
+    assert Janitor(conn, settings, name="b").sweep([b"a"], live=1) == 9  # type: ignore[list-item]
+    assert open_now() == [batch_id.encode()]
+    assert sorted(_claim(conn, settings, batch_id, "b", room=9) or []) == list(range(1, 10))
+    assert open_now() == []
+    # A batch that is gone (expired) leaves the set at its first claim.
+    gone = _store(conn, settings, 5)
+    conn.delete(keys.batch_state(gone))
+    assert _claim(conn, settings, gone, "b", room=1) == []
+    assert open_now() == []

@@ -16,6 +16,7 @@ from rq.registry import FinishedJobRegistry
 
 from codepool.common.codec import MsgpackSerializer, decode_result
 from codepool.common.keys import Keys
+from codepool.common.ledger import heartbeat_script
 from codepool.common.result import LIMITS
 from codepool.common.settings import Settings
 from codepool.producer import CodePool, RemoteSandbox
@@ -208,6 +209,29 @@ def test_the_announcement_made_ahead_goes_out_as_made_at_submit(redis_url: str) 
     assert job.description == f"codepool batch {batch.id} (3 snippets)"
     assert job.created_at is not None and job.created_at >= before
     assert job.get_status() == JobStatus.QUEUED
+
+
+def test_a_submit_announces_to_hosts_that_went_live_since_the_previous_one(
+    redis_url: str,
+) -> None:
+    # No worker: the announcements stay on the queue to be counted.
+    client = redis.Redis.from_url(redis_url)
+    pool = CodePool(redis_url)
+    queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
+
+    def announced(batch_id: str) -> int:
+        return sum(job_id.startswith(batch_id + "-") for job_id in queue.job_ids)
+
+    first = pool.submit(["print(1)"] * 10)
+    assert announced(first.id) == 1  # no host live
+    keys, lease_s = pool.settings.keys, pool.settings.lease_s
+    for host in ("a", "b", "c"):
+        heartbeat_script(client, [keys.leases(), keys.hosts()], [f"{host}.0", lease_s, "1", host])
+    # Counted from the previous submit (none live), the store says three are live now.
+    assert announced(pool.submit(["print(2)"] * 10).id) == 3
+    assert announced(pool.submit(["print(3)"] * 10).id) == 3
+    pool.close()
+    client.close()
 
 
 def test_remote_sandbox_across_event_loops(redis_url: str, start_worker: StartWorker) -> None:

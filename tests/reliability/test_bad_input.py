@@ -29,8 +29,8 @@ def _store_raw(url: str, batch_id: str, spec: bytes, size: int, *, announced: bo
     client = redis.Redis.from_url(url)
     submit_script(
         client,
-        [settings.keys.batch_state(batch_id), settings.keys.hosts()],
-        [spec, size, "", 2, settings.batch_ttl_s, settings.lease_s],
+        [settings.keys.batch_state(batch_id), settings.keys.hosts(), settings.keys.open_batches()],
+        [spec, size, "", 2, settings.batch_ttl_s, settings.lease_s, batch_id],
     )
     if announced:
         announce(batch_queue(client, settings), settings, batch_id=batch_id, size=size)
