@@ -24,6 +24,21 @@ def add_executor_arguments(parser: argparse.ArgumentParser, preload: tuple[str, 
     )
 
 
+def add_slots_argument(parser: argparse.ArgumentParser, *flags: str, what: str) -> None:
+    """``-c``/``-j``: snippet slots (``args.concurrency``); None when not given, for the
+    CPUs this process may use (common/host_cpus.py), which the help shows."""
+    from codepool.common.host_cpus import host_cpus
+
+    parser.add_argument(
+        *flags,
+        dest="concurrency",
+        type=int,
+        default=None,
+        help=f"{what} (default: the CPUs this process may use, its CPU affinity capped by "
+        f"its cgroup's CPU quota; here {host_cpus().describe()})",
+    )
+
+
 def add_rich_tracebacks(parser: argparse.ArgumentParser) -> None:
     """``--rich-tracebacks``: the Limits field of the same name."""
     parser.add_argument(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codepool.common.errors import ConfigError, ExecutorError
+from codepool.common.host_cpus import host_cpus
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
 
@@ -183,6 +184,7 @@ def main(
         lines += check_redis(url)
     print(f"environment: {name}")
     print(embedded_server())
+    print(f"slots: {host_cpus().describe()}")
     print(format_lines(lines, cannot))
     missing = [line["name"] for line in lines if not line["active"] and line["name"] not in cannot]
     if missing:

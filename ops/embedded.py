@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 120.0
 
 
-def url_or_embedded(stack: ExitStack, url: str | None, concurrency: int) -> str:
+def url_or_embedded(stack: ExitStack, url: str | None, concurrency: int | None) -> str:
     """``url``, or ``$REDIS_URL``, or else the embedded default, entered on ``stack`` (so
     it stops with it) and said on stderr: a command's ``--url`` rule in one place."""
     url = url or os.environ.get("REDIS_URL")
@@ -36,9 +36,12 @@ def url_or_embedded(stack: ExitStack, url: str | None, concurrency: int) -> str:
 
 
 @contextmanager
-def embedded_pool(concurrency: int, preload: tuple[str, ...] = ("numpy", "sympy")) -> Iterator[str]:
-    """Yield the URL of a private Redis with one ``codepool worker`` serving it. The
-    server binary is the first ``server_binary.find_server_binary`` finds (logged)."""
+def embedded_pool(
+    concurrency: int | None, preload: tuple[str, ...] = ("numpy", "sympy")
+) -> Iterator[str]:
+    """Yield the URL of a private Redis with one ``codepool worker`` serving it, with
+    ``concurrency`` slots (None: the worker's default, the CPUs it may use). The server
+    binary is the first ``server_binary.find_server_binary`` finds (logged)."""
     server = RedisServer(unix_socket=True).start()
     if server.binary is not None:  # always, once started
         log.info("embedded: private Redis %s", server.binary.describe())
@@ -52,8 +55,7 @@ def embedded_pool(concurrency: int, preload: tuple[str, ...] = ("numpy", "sympy"
             "worker",
             "--url",
             server.url,
-            "-c",
-            str(concurrency),
+            *(["-c", str(concurrency)] if concurrency else []),
             "--preload",
             ",".join(preload),
             "--name",

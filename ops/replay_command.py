@@ -11,7 +11,7 @@ from typing import TextIO
 from codepool.common.error_types import ranked
 from codepool.common.errors import CodepoolError
 from codepool.common.settings import Settings
-from codepool.ops.arguments import add_rich_tracebacks
+from codepool.ops.arguments import add_rich_tracebacks, add_slots_argument
 from codepool.ops.embedded import url_or_embedded
 from codepool.ops.report import write_report
 from codepool.producer.pool import CodePool
@@ -39,9 +39,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="Redis URL of a running pool (default $REDIS_URL; without either, "
         "a private Redis and a local worker are started and stopped)",
     )
-    parser.add_argument(
-        "-c", "--concurrency", type=int, default=2, help="slots of the embedded worker"
-    )
+    add_slots_argument(parser, "-c", "--concurrency", what="slots of the embedded worker")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     parser.add_argument("--run", default="replay", help="run tag for the stats")
     parser.add_argument("--report", default=None, help="write an HTML report here")

@@ -28,7 +28,7 @@ def main(
     is_code: bool,
     mode: str,
     preload: tuple[str, ...],
-    concurrency: int,
+    concurrency: int | None,
     limits: Limits,
 ) -> int:
     if is_code:

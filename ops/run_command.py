@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from codepool.ops.arguments import Commands, add_executor_arguments, add_rich_tracebacks
+from codepool.ops.arguments import (
+    Commands,
+    add_executor_arguments,
+    add_rich_tracebacks,
+    add_slots_argument,
+)
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
@@ -15,7 +20,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("-c", dest="is_code", action="store_true", help="SOURCE is code")
     add_executor_arguments(parser)
-    parser.add_argument("--concurrency", "-j", type=int, default=2)
+    add_slots_argument(parser, "--concurrency", "-j", what="snippets at once")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per snippet")
     parser.add_argument(
         "--auto-print",

@@ -18,7 +18,7 @@ import sys
 from contextlib import ExitStack
 from types import FrameType
 
-from codepool.ops.arguments import Commands, add_rich_tracebacks
+from codepool.ops.arguments import Commands, add_rich_tracebacks, add_slots_argument
 
 TOKEN_ENV = "CODEPOOL_SERVE_TOKEN"
 # The line serve prints once it listens (and the pool is ready), and how to read it back.
@@ -49,9 +49,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="listen beyond loopback without a token (a trusted network only)",
     )
-    parser.add_argument(
-        "-c", "--concurrency", type=int, default=2, help="slots of the embedded worker"
-    )
+    add_slots_argument(parser, "-c", "--concurrency", what="slots of the embedded worker")
     parser.add_argument("--run", default="serve", help="run tag for the stats")
     add_rich_tracebacks(parser)
     parser.add_argument("--max-in-flight", type=int, default=4096, help="more get 503")

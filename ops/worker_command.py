@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from codepool.ops.arguments import Commands, add_executor_arguments
+from codepool.ops.arguments import Commands, add_executor_arguments, add_slots_argument
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("worker", help="run a worker host: executor + RQ dispatchers")
     parser.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
-    parser.add_argument("-c", "--concurrency", type=int, default=2, help="snippet slots")
+    add_slots_argument(parser, "-c", "--concurrency", what="snippet slots")
     parser.add_argument(
         "-k",
         "--dispatchers",
@@ -51,6 +51,7 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from codepool.common import Limits
+    from codepool.common.host_cpus import default_slots
     from codepool.common.settings import Settings
     from codepool.worker.host import WorkerHost, WorkerOptions
 
@@ -61,7 +62,7 @@ def run_command(args: argparse.Namespace) -> int:
         "memory_mb": args.max_memory_mb,
     }
     options = WorkerOptions(
-        concurrency=args.concurrency,
+        concurrency=args.concurrency or default_slots(),
         dispatchers=args.dispatchers,
         mode=args.mode,
         preload=args.preload,

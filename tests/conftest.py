@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -315,21 +315,24 @@ def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worke
 
     def start(
         *args: str,
-        concurrency: int = 2,
+        concurrency: int | None = 2,
         name: str | None = None,
         env: dict[str, str] | None = None,
         url: str | None = redis_url,
         wait: bool = True,
+        wrap: Sequence[str] = (),
     ) -> WorkerProcess:
+        """``concurrency`` None: the worker's default; ``wrap``: a command that runs
+        the worker's (``taskset -c 0``, say)."""
         name = name or f"w{len(started)}-{os.getpid()}"
         log_path = str(tmp_path / f"{name}-{len(started)}.log")
         command = [
+            *wrap,
             sys.executable,
             "-m",
             "codepool.ops.cli",
             "worker",
-            "-c",
-            str(concurrency),
+            *(["-c", str(concurrency)] if concurrency is not None else []),
             "--preload",
             "",
             "--name",

@@ -28,6 +28,7 @@ from types import FrameType
 import redis
 
 from codepool.common.connection import redis_client
+from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
 from codepool.common.settings import Settings
 from codepool.worker import host_window
@@ -49,7 +50,7 @@ STOP_GRACE_S = 600.0
 class WorkerOptions:
     """What ``codepool worker`` was asked for."""
 
-    concurrency: int = 2
+    concurrency: int = field(default_factory=default_slots)  # snippet slots
     dispatchers: int = 0  # 0: one per slot, at least 2
     mode: str = "fork"
     preload: tuple[str, ...] = ("numpy", "sympy")

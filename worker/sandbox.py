@@ -17,14 +17,15 @@ class LocalSandbox:
     """Drop-in for the reference sandbox: ``run_code``, ``arun_code``,
     ``format_tool_content`` and ``stats.metrics()``, running snippets on this host.
 
-    timeout: wall-clock seconds per call. max_concurrency: snippets at once.
+    timeout: wall-clock seconds per call. max_concurrency: snippets at once (default
+    the CPUs this process may use, as LocalExecutor's ``concurrency``).
     Other keywords (memory_mb, auto_print, ...) are Limits fields.
     """
 
     def __init__(
         self,
         timeout: float = 30.0,
-        max_concurrency: int = 2,
+        max_concurrency: int | None = None,
         *,
         mode: str = "fork",
         preload: Iterable[str] = DEFAULT_PRELOAD,

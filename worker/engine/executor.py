@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from codepool.common.errors import ConfigError, ExecutorError
+from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
 from codepool.worker.engine.client import SupervisorClient
 from codepool.worker.engine.config import ZygoteConfig, send_config
@@ -62,7 +63,9 @@ def snippet_env(
 class LocalExecutor(SupervisorClient):
     """Runs snippets in isolated, resource-limited children of a warm zygote it owns.
 
-    concurrency: snippets running at once (the host's slots).
+    concurrency: snippets running at once (the host's slots); default the CPUs this
+        process may use (its CPU affinity, capped by its cgroup's CPU quota:
+        common/host_cpus.py).
     mode: ``"fork"`` (children forked from a zygote that preloaded ``preload``) or
         ``"spawn"`` (a fresh interpreter per snippet; same limits and isolation).
     limits: defaults for every call; per-call keywords override them.
@@ -92,7 +95,7 @@ class LocalExecutor(SupervisorClient):
     def __init__(
         self,
         *,
-        concurrency: int = 2,
+        concurrency: int | None = None,
         mode: str = "fork",
         preload: Iterable[str] = DEFAULT_PRELOAD,
         limits: Limits | None = None,
@@ -112,6 +115,8 @@ class LocalExecutor(SupervisorClient):
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if concurrency is None:
+            concurrency = default_slots()
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a positive int, got {concurrency!r}")
         if sys.platform != "linux":
