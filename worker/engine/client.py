@@ -41,6 +41,7 @@ class _Pending:
     inputs: dict[str, Any] | None = None  # Snippet.inputs_record()
     attempts: int = 0
     generation: int = -1  # which connection it was last sent on
+    withdrawn: bool = False  # asked back: not sent again after a reconnect
 
 
 class SupervisorClient:
@@ -144,6 +145,28 @@ class SupervisorClient:
         futures = [self.submit(code, **limits) for code in codes]
         return [f.result() for f in futures]
 
+    def withdraw(self, futures: Iterable[Future[ExecResult]], *, running: bool = False) -> None:
+        """Take snippets back: those of ``futures`` that have not started are dropped
+        (their futures are cancelled, soon after this returns), and with ``running``
+        those that run are killed and dropped too. The rest resolve as usual, as do
+        futures already done. For a host that stops: what it drops runs elsewhere."""
+        wanted = set(futures)
+        with self._lock:
+            ids = []
+            for request_id, pending in self._pending.items():
+                if pending.future in wanted:
+                    pending.withdrawn = True
+                    ids.append(request_id)
+            sock = self._sock
+        if not ids or sock is None:
+            return  # a reconnect cancels them rather than sending them again
+        frame = encode_frame({"t": "withdraw", "ids": ids, "running": running})
+        try:
+            with self._send_lock:
+                sock.sendall(frame)
+        except OSError:
+            pass  # the reader sees the connection go, and the reconnect cancels them
+
     def close(self) -> None:
         """Disconnect; pending calls come back as infra."""
         with self._lock:
@@ -195,7 +218,9 @@ class SupervisorClient:
             self._reconnecting = False
         reader.start()
         for request_id, pending in unsent:
-            if pending.attempts >= MAX_ATTEMPTS:
+            if pending.withdrawn:
+                self._cancel(request_id)
+            elif pending.attempts >= MAX_ATTEMPTS:
                 message = "codepool: the executor failed twice while running this snippet"
                 self._finish(request_id, infra(message, worker=self.name))
             else:
@@ -215,6 +240,9 @@ class SupervisorClient:
             for message in messages:
                 if message.get("t") == "result":
                     self._on_result(message["id"], message["r"])
+                elif message.get("t") == "withdrawn":
+                    for request_id in message["ids"]:
+                        self._cancel(request_id)
         self._lost()
         with self._lock:
             if self._closing:
@@ -258,6 +286,12 @@ class SupervisorClient:
             pending = self._pending.pop(request_id, None)
         if pending is not None and not pending.future.done():
             pending.future.set_result(result)
+
+    def _cancel(self, request_id: int) -> None:
+        with self._lock:
+            pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending.future.cancel()
 
     def _fail_all(self, message: str) -> None:
         with self._lock:

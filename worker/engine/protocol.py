@@ -6,6 +6,11 @@ Messages (maps, key ``t`` is the type):
   client -> supervisor  ``run``    {id, code: bytes, limits: map, inputs?: map}
                                    (inputs: Snippet.inputs_record())
   supervisor -> client  ``result`` {id, r: ExecResult fields}
+  client -> supervisor  ``withdraw`` {ids: [id], running: bool}: drop those of the
+                        client's requests that have not started (with ``running``, kill
+                        those that have too, and send no result for them)
+  supervisor -> client  ``withdrawn`` {ids: [id]}: the requests dropped or killed, of
+                        which no result will come
   supervisor -> child   a struct header, the code, and its inputs as msgpack when it has
                         any (see child.Request: no msgpack for a plain snippet's child)
   child -> supervisor   "R" (ready), with the work dir's fd when files are fetched and

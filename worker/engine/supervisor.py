@@ -221,6 +221,9 @@ class Supervisor:
 
     def _on_message(self, client: Client, message: dict[str, Any]) -> None:
         now = time.monotonic()
+        if message.get("t") == "withdraw" and isinstance(message.get("ids"), list):
+            self._withdraw(client, message["ids"], running=bool(message.get("running")))
+            return
         request_id = message.get("id")
         if message.get("t") != "run" or not isinstance(request_id, int):
             log.error("ignoring malformed message of type %r", message.get("t"))
@@ -251,6 +254,28 @@ class Supervisor:
         plain = snippet is None or not snippet.has_inputs
         kind = routing.HEAVY if self.router is None else self.router.kind(code, plain=plain)
         self.queue.append(Request(client, request_id, code, limits, now, kind, snippet))
+
+    def _withdraw(self, client: Client, ids: list[Any], *, running: bool) -> None:
+        """Drop the client's requests ``ids`` that wait in the queue; with ``running``,
+        also kill those that run (their results go nowhere). Says which, in one reply."""
+        wanted = set(ids)
+        withdrawn = [r.id for r in self.queue if r.client is client and r.id in wanted]
+        if withdrawn:
+            self.queue = collections.deque(
+                r for r in self.queue if not (r.client is client and r.id in wanted)
+            )
+        if running:
+            for child in self.running.values():
+                request = child.request
+                if request is None or request.client is not client or request.id not in wanted:
+                    continue
+                if child.reported:
+                    continue  # its result went out already
+                request.client = None
+                _kill(child.pid, group=not self.state.pidns)
+                withdrawn.append(request.id)
+        if withdrawn:
+            self._send(client, {"t": "withdrawn", "ids": withdrawn})
 
     # -- children ------------------------------------------------------------------
 
