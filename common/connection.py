@@ -10,9 +10,10 @@ from redis.retry import Retry
 from codepool.common.settings import Settings
 
 
-def redis_client(settings: Settings, *, block_s: float = 0.0) -> redis.Redis:
+def redis_client(settings: Settings, *, block_s: float = 0.0, retries: int = 3) -> redis.Redis:
     """A client for ``settings.redis_url``; ``block_s`` is the longest blocking command
-    this client will issue, added to its socket timeout."""
+    this client will issue, added to its socket timeout; ``retries``: how often a
+    command that met a dropped connection is tried again (with a short backoff)."""
     tcp = {} if settings.redis_url.startswith("unix:") else {"socket_keepalive": True}
     return redis.Redis.from_url(
         settings.redis_url,
@@ -20,6 +21,6 @@ def redis_client(settings: Settings, *, block_s: float = 0.0) -> redis.Redis:
         socket_connect_timeout=settings.connect_timeout_s,
         health_check_interval=30,
         **tcp,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=3),
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
         retry_on_error=[redis.exceptions.ConnectionError],
     )

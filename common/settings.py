@@ -12,6 +12,9 @@ from codepool.common.errors import ConfigError
 from codepool.common.keys import DEFAULT_PREFIX, DEFAULT_QUEUE, Keys
 
 DEFAULT_URL = "redis://localhost:6379/0"
+# The drain deadline of worker, serve and replay when none is given: from the first
+# SIGTERM or SIGINT to the exit, in seconds (--drain-timeout).
+DEFAULT_DRAIN_S = 10.0
 
 
 @dataclass(frozen=True)

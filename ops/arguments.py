@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from codepool.common.settings import DEFAULT_DRAIN_S
+
 Commands = argparse._SubParsersAction  # what ``add_subparsers`` returns
 
 
@@ -36,6 +38,21 @@ def add_slots_argument(parser: argparse.ArgumentParser, *flags: str, what: str) 
         default=None,
         help=f"{what} (default: the CPUs this process may use, its CPU affinity capped by "
         f"its cgroup's CPU quota; here {host_cpus().describe()})",
+    )
+
+
+def add_drain_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--drain-timeout S`` (``args.drain_s``): ``what`` a first SIGTERM or SIGINT does
+    and the bound on it; a second signal cuts the drain short."""
+    parser.add_argument(
+        "--drain-timeout",
+        dest="drain_s",
+        type=float,
+        default=DEFAULT_DRAIN_S,
+        metavar="S",
+        help=f"on SIGTERM or SIGINT: {what}; exits within S seconds "
+        f"(default {DEFAULT_DRAIN_S:g}); "
+        "a second signal cuts the drain short",
     )
 
 

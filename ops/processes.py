@@ -57,6 +57,35 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot: with the pid it names one process
+    even once the pid is reused. None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def tree(pid: int) -> dict[int, int]:
+    """``pid`` and every live process below it, each with its start ticks: taken before
+    a kill, since the tree is reparented once its root dies."""
+    found = {}
+    for member in (pid, *descendants(pid)):
+        ticks = start_ticks(member)
+        if ticks is not None:
+            found[member] = ticks
+    return found
+
+
+def still_running(snapshot: dict[int, int]) -> list[int]:
+    """The processes of a ``tree`` snapshot that still run (not gone, not reused, not
+    in their exit)."""
+    return [
+        pid for pid, ticks in snapshot.items() if start_ticks(pid) == ticks and not exiting(pid)
+    ]
+
+
 PF_EXITING = 0x4  # include/linux/sched.h: the task is in its exit
 
 

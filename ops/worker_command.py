@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from codepool.ops.arguments import Commands, add_executor_arguments, add_slots_argument
+from codepool.ops.arguments import (
+    Commands,
+    add_drain_argument,
+    add_executor_arguments,
+    add_slots_argument,
+)
 
 
 def register(commands: Commands[argparse.ArgumentParser]) -> None:
@@ -22,6 +27,12 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
     parser.add_argument("--queue", default=None, help="RQ queue name (default codepool)")
     parser.add_argument("--name", default="", help="worker name (default HOST.PID)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    add_drain_argument(
+        parser,
+        "takes no more work, gives back what it claimed and has not started (it runs "
+        "elsewhere at once) and lets running snippets finish; what still runs 2 s before "
+        "the deadline (half of it, if shorter) is stopped and given back",
+    )
     parser.add_argument(
         "--max-timeout",
         type=float,
@@ -71,5 +82,6 @@ def run_command(args: argparse.Namespace) -> int:
         max_limits=Limits().with_overrides(**{k: v for k, v in ceiling.items() if v}),
         log_level="DEBUG" if args.verbose else "INFO",
         allow_weak_isolation=args.allow_weak_isolation,
+        drain_s=max(0.0, args.drain_s),
     )
     return WorkerHost(settings, options).serve()

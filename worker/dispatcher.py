@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from types import FrameType
 from typing import Any, ClassVar, cast
 
 import redis
@@ -60,6 +61,8 @@ QUIET_START_S = 0.005
 # In the worker host's private dir: the dispatchers' shared counts and listen turn.
 WINDOW_FILE = "window"
 TURN_FILE = "listen-turn"
+# From the worker host at its drain deadline: take back what runs, give it back, exit.
+CUT_SIGNAL = signal.SIGUSR1
 
 
 @dataclass
@@ -129,10 +132,17 @@ class _ClaimingQueue(Queue):
 
 class Dispatcher(SimpleWorker):
     """An RQ SimpleWorker whose jobs can only be codepool batches, and which waits on
-    the queue only in its host's turn (worker/listen_turn.py)."""
+    the queue only in its host's turn (worker/listen_turn.py).
+
+    Signals, all from its worker host: SIGTERM stops it taking work (RQ's warm
+    shutdown: the job it runs finishes, having taken back from the executor what had
+    not started); CUT_SIGNAL, at the host's drain deadline, has the job take back what
+    runs too. SIGINT is ignored: a Ctrl-C reaches every process of the terminal's group,
+    and the host answers it for all of them."""
 
     runner: BatchRunner | None = None
     turn: ListenTurn | None = None
+    cut = False  # the host's drain deadline came
     _waiting = 0  # announcements behind the job just read (_read_and_claim)
     _beat_sent_at = -1e9  # monotonic time of the last heartbeat of RQ's default TTL
     _state_unsent = False  # the state changed to IDLE and Redis has not been told yet
@@ -174,6 +184,29 @@ class Dispatcher(SimpleWorker):
         # Always: a key that expired is made anew by the heartbeat, with the state in it.
         pipeline.hset(self.key, "state", self._state)
         self._state_unsent = False
+
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(CUT_SIGNAL, self.request_cut)
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.runner is not None:
+            self.runner.wake()  # the job takes back what has not started, now
+        # Raises StopRequested unless busy; later SIGTERMs and SIGINTs go to
+        # request_force_stop, which leaves the timing to the host.
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        # RQ's cold stop would raise SystemExit wherever the job is, skipping the give-
+        # back of its claims; the host says when to cut (request_cut).
+        self.log.debug("Worker %s: stopping already; the host cuts at its deadline", self.name)
+
+    def request_cut(self, signum: int, frame: FrameType | None) -> None:
+        self.cut = True
+        self._stop_requested = True
+        if self.runner is not None:
+            self.runner.wake()
 
     def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
         # RQ heartbeats the job here to keep it alive through its success or failure
@@ -414,6 +447,7 @@ def main(argv: list[str]) -> int:
     config = DispatcherConfig.from_json(argv[1] if len(argv) > 1 else sys.stdin.read())
     # Die with the worker host even if it is killed -9; RQ re-runs what we held.
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host answers a Ctrl-C
     if config.parent_pid and os.getppid() != config.parent_pid:
         return 1
     logging.basicConfig(
@@ -470,6 +504,7 @@ def main(argv: list[str]) -> int:
         finished=finished,
         max_limits=Limits.from_dict(config.max_limits),
         stop_requested=lambda: bool(worker._stop_requested),
+        cut_requested=lambda: worker.cut,
         writer=writer,
         lease=lease,
         window=window,
@@ -480,6 +515,8 @@ def main(argv: list[str]) -> int:
         # RQ logs several INFO lines per job; one per batch (ours) is enough.
         rq_level = "DEBUG" if config.log_level == "DEBUG" else "WARNING"
         worker.work(burst=config.burst, logging_level=rq_level)
+    except redis.ConnectionError as exc:  # RQ's teardown, with Redis gone: nothing to tidy
+        log.warning("dispatcher %s: stopping without Redis: %s", config.name, exc)
     finally:
         writer.close()
         finished.stop()

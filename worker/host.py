@@ -4,11 +4,19 @@ The host process owns the LocalExecutor (the zygote and its N slots) and starts 
 dispatchers, each an RQ SimpleWorker on the queue that attaches to the zygote's socket.
 A batch is announced to the host once: the dispatcher that joins it may use every slot
 its siblings leave free (worker/host_window.py). A batch holding a straggler therefore
-keeps one slot, not the host: the other dispatchers go on taking work. Signals: the
-first SIGTERM/SIGINT asks dispatchers to finish their in-flight snippets (what they
-claimed and never started is given back) and exit; the second kills them at once.
-Dispatchers that die, or stop because their lease was taken away, are restarted with
-fresh names, so a kill -9 never leaves a stale name to crash-loop on.
+keeps one slot, not the host: the other dispatchers go on taking work. Dispatchers that
+die, or stop because their lease was taken away, are restarted with fresh names, so a
+kill -9 never leaves a stale name to crash-loop on.
+
+Stopping (``drain_s``, the drain deadline): the first SIGTERM or SIGINT tells every
+dispatcher to take no more work and to give back what it claimed and has not started
+(in the executor too); what runs may finish. CUT_BEFORE_S before the deadline (at most
+half of it) each dispatcher is told to take back what still runs (killed) and give it
+back, and at the deadline any dispatcher still there is killed (its lease lapses and
+the fleet re-runs what it held, as after a crash). A second signal brings the cut
+forward to now. The host then stops its executor and exits: within the deadline,
+whatever state Redis is in, since nothing on the way waits on Redis for longer than
+HOST_REDIS_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -30,12 +38,11 @@ import redis
 from codepool.common.connection import redis_client
 from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
-from codepool.common.settings import Settings
+from codepool.common.settings import DEFAULT_DRAIN_S, Settings
 from codepool.worker import host_window
-from codepool.worker.dispatcher import WINDOW_FILE, DispatcherConfig
+from codepool.worker.dispatcher import CUT_SIGNAL, WINDOW_FILE, DispatcherConfig
 from codepool.worker.engine import leftovers
 from codepool.worker.engine.executor import LocalExecutor
-from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +50,12 @@ HEARTBEAT_EVERY_S = 5.0
 FORGET_HOSTS_AFTER_S = 3600.0
 HOST_DIR_PREFIX = "codepool-worker-"
 QUICK_EXIT_S = 10.0
-STOP_GRACE_S = 600.0
+# At most this long (and at most half the drain) is left to the dispatchers, after the
+# cut, to give back what they held and deregister.
+CUT_BEFORE_S = 2.0
+# The host's own Redis calls (its heartbeat, its farewell) never hold up a stop longer.
+HOST_REDIS_TIMEOUT_S = 2.0
+POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class WorkerOptions:
     max_limits: Limits = field(default_factory=Limits)
     log_level: str = "INFO"
     allow_weak_isolation: bool = False
+    drain_s: float = DEFAULT_DRAIN_S  # the drain deadline: first SIGTERM to exit, seconds
 
 
 class WorkerHost:
@@ -68,6 +81,9 @@ class WorkerHost:
         self.name = options.name or f"{socket.gethostname()}.{os.getpid()}"
         self.dispatcher_count = options.dispatchers or max(2, options.concurrency)
         self.signals = 0
+        self.stop_at: float | None = None  # the drain deadline (monotonic), once signalled
+        self._cut_sent = False
+        self._killed = False
         self.dispatchers: dict[int, subprocess.Popen[bytes]] = {}
         self._started_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
@@ -77,7 +93,11 @@ class WorkerHost:
         self._dir = leftovers.make_dir(HOST_DIR_PREFIX)
         self._window_path = os.path.join(self._dir, WINDOW_FILE)
         self.executor: LocalExecutor | None = None
-        self.conn: redis.Redis = redis_client(settings)
+        # Short timeouts, no retries: a Redis that is gone must not hold up a stop.
+        quick = settings.replace(
+            socket_timeout_s=HOST_REDIS_TIMEOUT_S, connect_timeout_s=HOST_REDIS_TIMEOUT_S
+        )
+        self.conn: redis.Redis = redis_client(quick, retries=0)
 
     def serve(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -102,28 +122,56 @@ class WorkerHost:
             )
             host_window.create(self._window_path, self.dispatcher_count)
             for slot in range(self.dispatcher_count):
-                self._start_dispatcher(slot)
+                if not self.signals:  # a stop asked for while the executor started
+                    self._start_dispatcher(slot)
             self._supervise()
         finally:
             self._stop_dispatchers()
             if self.executor is not None:
                 self.executor.close()
-            self._forget()
+            if self.stop_at is None or time.monotonic() < self.stop_at:
+                self._forget()
             shutil.rmtree(self._dir, ignore_errors=True)
         return 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals += 1
+        now = time.monotonic()
         if self.signals == 1:
+            self.stop_at = now + self.options.drain_s
             log.info(
-                "worker %s: %s: finishing in-flight snippets, then exiting",
+                "worker %s: %s: taking no more work; in-flight snippets may finish for "
+                "%.1f s, then what still runs is given back to run elsewhere",
                 self.name,
                 signal.Signals(signum).name,
+                max(0.0, self.stop_at - self._cut_before_s() - now),
             )
             for process in self.dispatchers.values():
                 _signal(process, signal.SIGTERM)
-        else:
-            log.warning("worker %s: second signal: stopping now", self.name)
+        elif self.stop_at is not None and self.stop_at - self._cut_before_s() > now:
+            log.warning("worker %s: second signal: giving back what runs now", self.name)
+            self.stop_at = now + self._cut_before_s()
+
+    def _cut_before_s(self) -> float:
+        return min(CUT_BEFORE_S, self.options.drain_s / 2)
+
+    def _drain(self) -> None:
+        """Past the cut, dispatchers take back what runs; past the deadline, they die."""
+        if self.stop_at is None:
+            return
+        now = time.monotonic()
+        if not self._cut_sent and now >= self.stop_at - self._cut_before_s():
+            self._cut_sent = True
+            for process in self.dispatchers.values():
+                _signal(process, CUT_SIGNAL)
+        if not self._killed and now >= self.stop_at and self.dispatchers:
+            self._killed = True
+            log.warning(
+                "worker %s: drain deadline: killing %d dispatchers still there (their "
+                "leases lapse and what they held runs again elsewhere)",
+                self.name,
+                len(self.dispatchers),
+            )
             for process in self.dispatchers.values():
                 _signal(process, signal.SIGKILL)
 
@@ -157,10 +205,11 @@ class WorkerHost:
     def _supervise(self) -> None:
         last_beat = 0.0
         while self.dispatchers or (self._restart_at and not self.signals):
-            if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
+            if not self.signals and time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 self._heartbeat()
                 last_beat = time.monotonic()
-            time.sleep(0.2)
+            time.sleep(POLL_S)
+            self._drain()
             for slot, process in list(self.dispatchers.items()):
                 code = process.poll()
                 if code is None:
@@ -188,11 +237,19 @@ class WorkerHost:
                     self._start_dispatcher(slot)
 
     def _stop_dispatchers(self) -> None:
-        for process in self.dispatchers.values():
-            _signal(process, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in self.dispatchers.values():
-            wait_or_kill(process, max(0.1, deadline - time.monotonic()))
+        """Whatever brought the host down (a signal or a fault of its own), no
+        dispatcher outlives the drain deadline."""
+        if not self.dispatchers:
+            return
+        if self.stop_at is None:
+            self.stop_at = time.monotonic() + self.options.drain_s
+            for process in self.dispatchers.values():
+                _signal(process, signal.SIGTERM)
+        for slot, process in list(self.dispatchers.items()):
+            while process.poll() is None:
+                self._drain()
+                time.sleep(POLL_S)
+            del self.dispatchers[slot]
 
     def _heartbeat(self) -> None:
         keys = self.settings.keys

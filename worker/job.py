@@ -7,6 +7,12 @@ stored in Redis. ``CodepoolJob`` refuses to resolve any function but :data:`JOB_
 share of the host's executor frees up, and hands each result to the writer. Several
 dispatchers on several hosts work on one batch at once; the job ends when nothing is
 left to claim and nothing of its own is in flight.
+
+A dispatcher that stops (SIGTERM: its host drains) claims nothing more and takes back
+from the executor what has not started; when the host's drain deadline comes (the cut)
+it takes back what runs too, killing it. Either way the job then gives back every
+index it claimed and has no result for (``Janitor.release``, graceful: no re-run is
+counted), announced to run elsewhere; results it wrote stay, first write wins.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ MAX_CLAIM = 64
 # batch so far (before its first result, what it can start at once): what is left
 # unclaimed is there for a host that joins meanwhile (a cold fleet, autoscaling).
 CLAIM_AHEAD_S = 1.0
+# A note from the executor's side: one snippet was taken back, it will have no result.
+_BACK = "back"
 
 
 class RefusedJob(CodepoolError):
@@ -119,6 +127,7 @@ class BatchRunner:
         writer: ResultWriter,
         lease: LeaseKeeper,
         window: HostWindow,
+        cut_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         self.executor = executor
         self.conn = conn
@@ -127,6 +136,8 @@ class BatchRunner:
         self.finished = finished
         self.max_limits = max_limits
         self.stop_requested = stop_requested
+        self.cut_requested = cut_requested
+        self.current: BatchExecution | None = None  # the job this dispatcher runs now
         self.writer = writer
         self.lease = lease
         self.window = window
@@ -169,6 +180,13 @@ class BatchRunner:
                 return {"batch": batch_id, "rejected": "whole batch"}
         return execution.finish()
 
+    def wake(self) -> None:
+        """Have the running job look at the stop and cut flags now (signal-handler
+        safe: a SimpleQueue put is reentrant)."""
+        current = self.current
+        if current is not None:
+            current.wake()
+
     def reject_batch(self, batch_id: str, message: str) -> None:
         """Tell the producer at once that none of this batch will run."""
         done_key = self.keys.batch_done(batch_id)
@@ -187,7 +205,7 @@ class BatchExecution:
     room for it; each result goes to the dispatcher's ResultWriter the moment it exists,
     and this job thread only claims and refills. A snippet holds its place in the window
     until the writer takes its result, and the job ends once everything it started is
-    written."""
+    written or taken back (stopping: see the module's note)."""
 
     def __init__(
         self,
@@ -215,11 +233,17 @@ class BatchExecution:
         self.ran = 0
         self._first_start: float | None = None  # monotonic time of the first snippet's start
         self._taken = 0  # results the writer took (its thread adds)
+        self.taken_back = 0  # started, then taken back from the executor (stopping)
+        # In the executor, by index: what a stop takes back (the executor's threads pop).
+        self._futures: dict[int, Future[ExecResult]] = {}
+        self._took_back_waiting = False  # asked the executor for what has not started
+        self._took_back_running = False  # ... and, at the cut, for what runs
         # Started and not yet taken by the writer: the job thread adds, the writer takes.
         self._running = 0
         self._running_lock = threading.Lock()
         # Written counts (0 only wakes the job thread: the writer took results).
-        self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
+        # _BACK: one taken back from the executor.
+        self._notes: queue.SimpleQueue[int | str | BaseException] = queue.SimpleQueue()
         self._nudged = False  # told the writer this execution expects no more
         self._first_claim_with: Pipeline | None = None
         self.before_claim: list[Any] = []  # replies to what that pipeline held before it
@@ -229,6 +253,7 @@ class BatchExecution:
         # RQ's heartbeat of the job while it runs (not where its hash is gone: a beat
         # would make a partial one anew, with no TTL).
         self.beats_job = True
+        runner.current = self
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -258,6 +283,9 @@ class BatchExecution:
 
     def failed(self, exc: BaseException) -> None:
         self._notes.put(exc)
+
+    def wake(self) -> None:
+        self._notes.put(0)
 
     # -- job thread -----------------------------------------------------------------
 
@@ -403,9 +431,17 @@ class BatchExecution:
                 runner.writer.put(self, index, rejected(message, worker=runner.executor.name))
                 return
             future = runner.executor.submit_limited(snippet, self.limits)
+            self._futures[index] = future
             future.add_done_callback(functools.partial(self._finished, index))
 
     def _finished(self, index: int, future: Future[ExecResult]) -> None:
+        self._futures.pop(index, None)
+        if future.cancelled():  # taken back: it runs elsewhere, once this job gives it back
+            with self._running_lock:
+                self._running -= 1
+                self.runner.window.publish(self._running)
+            self._notes.put(_BACK)
+            return
         try:
             result = future.result()
         except Exception as exc:  # the executor's own failure: the snippet is not lost
@@ -421,6 +457,9 @@ class BatchExecution:
             return
         if isinstance(note, BaseException):
             self._failure = note
+        elif isinstance(note, str):  # _BACK
+            self.unwritten -= 1
+            self.taken_back += 1
         else:
             self.unwritten -= note
             self.ran += note
@@ -440,6 +479,27 @@ class BatchExecution:
             self._take_note(left)
             self.fill()
 
+    def _take_back(self) -> None:
+        """Stopping: ask the executor back for what has not started, and once the cut
+        comes for what runs too (each once)."""
+        cut = self.runner.cut_requested()
+        if self._took_back_running or (self._took_back_waiting and not cut):
+            return
+        self._took_back_waiting = True
+        self._took_back_running = cut
+        futures = list(self._futures.values())
+        if futures:
+            self.runner.executor.withdraw(futures, running=cut)
+            log.info(
+                "job %s: %s of its %d snippets in the executor (batch %s)",
+                self.job.id,
+                "drain deadline: taking back all"
+                if cut
+                else "stopping: taking back those not started",
+                len(futures),
+                self.batch_id,
+            )
+
     def finish(self) -> dict[str, Any]:
         try:
             return self._finish()
@@ -453,15 +513,19 @@ class BatchExecution:
             if self._failure is not None:
                 raise self._failure
             self.fill()
+            if self._stopping():
+                self._take_back()
             if not self.unwritten:
                 break
             self._take_note(HEARTBEAT_EVERY_S)
             if self.beats_job and time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
                 job.heartbeat(datetime.now(UTC), HEARTBEAT_TTL_S)
                 last_beat = time.monotonic()
+        if runner.current is self:
+            runner.current = None
         if not self.lost and not runner.lease.lost.is_set() and self.batch is not None:
-            if self.todo or not self.drained:
-                # Stopping (SIGTERM): give back what was claimed and never started.
+            if self.todo or not self.drained or self.taken_back:
+                # Stopping (SIGTERM): give back what was claimed and never ran here.
                 released = runner.lease.janitor.release(
                     self.batch_id,
                     runner.lease.owner,

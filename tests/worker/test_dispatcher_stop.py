@@ -31,6 +31,9 @@ class SigtermWhileJoining:
         self.worker.request_stop(signal.SIGTERM, None)
         raise Joined
 
+    def wake(self) -> None:
+        """No job runs yet to look at the stop."""
+
 
 def test_a_sigterm_while_joining_waits_for_the_job(redis_url: str) -> None:
     conn = redis.Redis.from_url(redis_url)
