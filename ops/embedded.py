@@ -17,6 +17,7 @@ import redis
 from rq import Worker
 
 from codepool.common.errors import ConfigError
+from codepool.ops.parent_death import die_with_parent
 from codepool.ops.redis_server import RedisServer
 from codepool.worker.engine.reaping import wait_or_kill
 
@@ -42,25 +43,28 @@ def embedded_pool(
     """Yield the URL of a private Redis with one ``codepool worker`` serving it, with
     ``concurrency`` slots (None: the worker's default, the CPUs it may use). The server
     binary is the first ``server_binary.find_server_binary`` finds (logged)."""
-    server = RedisServer(unix_socket=True).start()
+    # Both die with this process even when it is SIGKILLed (ops/parent_death.py); the
+    # worker's own processes die with it in turn.
+    server = RedisServer(unix_socket=True, die_with_parent=True).start()
     if server.binary is not None:  # always, once started
         log.info("embedded: private Redis %s", server.binary.describe())
     log_file = tempfile.NamedTemporaryFile(prefix="codepool-worker-", suffix=".log", delete=False)
     name = f"embedded-{os.getpid()}"
+    argv = [
+        sys.executable,
+        "-m",
+        "codepool.ops.cli",
+        "worker",
+        "--url",
+        server.url,
+        *(["-c", str(concurrency)] if concurrency else []),
+        "--preload",
+        ",".join(preload),
+        "--name",
+        name,
+    ]
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "codepool.ops.cli",
-            "worker",
-            "--url",
-            server.url,
-            *(["-c", str(concurrency)] if concurrency else []),
-            "--preload",
-            ",".join(preload),
-            "--name",
-            name,
-        ],
+        die_with_parent(argv),
         stdin=subprocess.DEVNULL,
         stdout=log_file,
         stderr=log_file,

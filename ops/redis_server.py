@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import redis
 
 from codepool.common.errors import ConfigError
+from codepool.ops.parent_death import die_with_parent
 from codepool.ops.server_binary import ServerBinary, find_server_binary
 from codepool.worker.engine.leftovers import socket_bases
 from codepool.worker.engine.reaping import wait_or_kill
@@ -34,6 +35,8 @@ class RedisServer:
     unix_socket: listen on a socket file in the temp dir instead of TCP.
     binary: the server binary; default the first ``find_server_binary`` finds (raises
         ConfigError, saying what to install, when there is none).
+    die_with_parent: the server is SIGKILLed when this process dies, however it dies
+        (ops/parent_death.py): the embedded default's, never left behind.
     """
 
     appendonly: bool = False
@@ -41,6 +44,7 @@ class RedisServer:
     port: int = 0
     extra_args: list[str] = field(default_factory=list)
     binary: ServerBinary | None = None
+    die_with_parent: bool = False
     process: subprocess.Popen[bytes] | None = None
     dir: str = ""
 
@@ -90,9 +94,10 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         else:
             args += ["--appendonly", "no"]
-        self.process = subprocess.Popen(
-            args + self.extra_args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
-        )
+        args += self.extra_args
+        if self.die_with_parent:
+            args = die_with_parent(args)
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self.wait_ready(timeout_s)
         return self
 
