@@ -24,6 +24,12 @@ from codepool.worker.engine.reaping import wait_or_kill
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+# The embedded worker's drain deadline: once its command stops, nobody waits for what
+# it runs, so it gives everything up at once.
+WORKER_DRAIN_S = 1.0
+# Stopping the embedded pool takes at most about this long; a command's own drain leaves
+# it this much of its deadline.
+STOP_S = 2.0
 
 
 def url_or_embedded(stack: ExitStack, url: str | None, concurrency: int | None) -> str:
@@ -62,6 +68,8 @@ def embedded_pool(
         ",".join(preload),
         "--name",
         name,
+        "--drain-timeout",
+        str(WORKER_DRAIN_S),
     ]
     worker = subprocess.Popen(
         die_with_parent(argv),
@@ -97,4 +105,5 @@ def _wait_ready(url: str, name: str, worker: subprocess.Popen[bytes], log_path: 
 def _stop(worker: subprocess.Popen[bytes]) -> None:
     if worker.poll() is None:
         worker.send_signal(signal.SIGTERM)
-    wait_or_kill(worker, 30, group=True)
+    # Its own drain deadline bounds it; the margin is for a loaded host.
+    wait_or_kill(worker, STOP_S - 0.5, group=True)

@@ -1,18 +1,28 @@
-"""``codepool replay IN -o OUT.jsonl``: replay a rollout batch, embedded by default."""
+"""``codepool replay IN -o OUT.jsonl``: replay a rollout batch, embedded by default.
+
+Stopping: the first SIGTERM or SIGINT submits no further batch; results of the one
+running are still written until the drain deadline (less the time the embedded pool
+takes to stop), then the replay stops, says how far it got and exits 128 + the signal's
+number (143, 130); a second signal stops it at once. Every line written is whole (or
+cut on the next run), so running it again resumes.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from contextlib import ExitStack
+from types import FrameType
 from typing import TextIO
 
 from codepool.common.error_types import ranked
 from codepool.common.errors import CodepoolError
 from codepool.common.settings import Settings
-from codepool.ops.arguments import add_rich_tracebacks, add_slots_argument
-from codepool.ops.embedded import url_or_embedded
+from codepool.ops.arguments import add_drain_argument, add_rich_tracebacks, add_slots_argument
+from codepool.ops.embedded import STOP_S, url_or_embedded
 from codepool.ops.report import write_report
 from codepool.producer.pool import CodePool
 from codepool.producer.replay import ReplaySummary, replay
@@ -50,16 +60,60 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "(adds 'recorded' and 'match' to each line)",
     )
     add_rich_tracebacks(parser)
+    add_drain_argument(
+        parser,
+        "submits no further batch and writes the results of the one running until the "
+        "deadline (less 2 s to stop the embedded pool, if any), then exits 128 + the "
+        "signal's number; run it again to resume",
+    )
     parser.set_defaults(handler=run_command)
 
 
+class Stopped(Exception):
+    """Raised in the main thread when a stopping replay's drain deadline passes."""
+
+
+class StopSignals:
+    """SIGTERM and SIGINT while a replay runs: the first starts the drain (a timer that
+    raises Stopped at its deadline), a second raises Stopped at once."""
+
+    def __init__(self, drain_s: float) -> None:
+        self.drain_s = drain_s
+        self.received: list[int] = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        signal.signal(signal.SIGALRM, self._on_deadline)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if len(self.received) > 1 or self.drain_s <= 0:
+            raise Stopped
+        signal.setitimer(signal.ITIMER_REAL, self.drain_s)
+
+    def _on_deadline(self, signum: int, frame: FrameType | None) -> None:
+        raise Stopped
+
+    def stopping(self) -> bool:
+        return bool(self.received)
+
+    def settle(self) -> None:
+        """From here on (stopping the pool, bounded) signals change nothing."""
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def run_command(args: argparse.Namespace) -> int:
+    embedded = (args.url or os.environ.get("REDIS_URL")) is None
+    stop = StopSignals(max(0.0, args.drain_s - (STOP_S if embedded else 0.0)))
+    progress = Progress()
+    summary: ReplaySummary | None = None
     with ExitStack() as stack:
         try:
             check_readable(args.input)
             url = url_or_embedded(stack, args.url, args.concurrency)
             pool = CodePool(url, settings=Settings.from_env(redis_url=url))
-            progress = Progress()
+            stack.callback(pool.close)
             summary = replay(
                 pool,
                 args.input,
@@ -68,13 +122,26 @@ def run_command(args: argparse.Namespace) -> int:
                 run=args.run,
                 compare=args.compare,
                 on_progress=progress.show,
+                stopping=stop.stopping,
                 rich_tracebacks=args.rich_tracebacks,
             )
-            progress.close()
-            pool.close()
         except CodepoolError as exc:
             print(f"codepool replay: {exc}", file=sys.stderr)
             return 2
+        except Stopped:
+            pass
+        finally:
+            stop.settle()  # before the pool stops, so that nothing interrupts it
+            progress.close()
+    if stop.received:
+        name = signal.Signals(stop.received[0]).name
+        print(
+            f"codepool replay: stopped by {name}: {progress.done} results written to "
+            f"{args.output}; run it again to resume",
+            file=sys.stderr,
+        )
+    if summary is None:
+        return 128 + stop.received[0] if stop.received else 2
     print_problems("skipped", summary.bad_lines)
     if summary.comparison is not None:
         print_problems("not compared", summary.comparison.unreadable)
@@ -82,7 +149,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.report:
         write_report(args.output, args.report)
         print(f"report: {args.report}")
-    return 0
+    return 128 + stop.received[0] if stop.received and summary.left else 0
 
 
 class Progress:
@@ -92,8 +159,10 @@ class Progress:
         self.stream = stream
         self.enabled = stream.isatty()
         self.started = time.monotonic()
+        self.done = 0  # results written so far
 
     def show(self, done: int, total: int) -> None:
+        self.done = done
         if not self.enabled:
             return
         width = 30

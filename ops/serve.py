@@ -7,7 +7,9 @@ models are SandboxFusion's and live in ops/sandbox_fusion.py) on uvicorn. Bounde
 design: a request body over ``max_body_bytes`` is refused while it is read, and at most
 ``max_in_flight`` requests wait on the pool at once (more get 503 and a reason), so
 thousands of clients cost bounded memory. Every refusal is a 4xx/503 with a JSON
-``{"detail": reason}``; nothing a client sends makes a 500.
+``{"detail": reason}``; nothing a client sends makes a 500. A server that stops drains:
+calls already waiting on the pool may finish until ``give_up``, then get a 503 (retry
+elsewhere) rather than a dropped connection.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import asyncio
 import hmac
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -35,6 +40,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 DEFAULT_MAX_IN_FLIGHT = 4096
+STOPPING = "codepool serve is stopping; retry on another server or once it is back"
+GAVE_UP = "codepool serve stopped before this call finished; retry it"
 
 
 class Service:
@@ -53,6 +60,19 @@ class Service:
         self.max_body_bytes = max_body_bytes
         self.max_in_flight = max_in_flight
         self.in_flight = 0
+        self.draining = False  # the server stops: no new call is taken
+        self._gave_up = False
+        self._waiting: set[asyncio.Task[Any]] = set()  # the calls waiting on the pool
+
+    def drain(self) -> None:
+        """Take no new call (503); those waiting may still finish."""
+        self.draining = True
+
+    def give_up(self) -> None:
+        """Answer every call still waiting on the pool with a 503, now."""
+        self.draining = self._gave_up = True
+        for task in list(self._waiting):
+            task.cancel()
 
     def authorize(self, request: Request) -> None:
         if self.token is None:
@@ -78,15 +98,28 @@ class Service:
             raise HTTPException(400, f"the body is not JSON: {exc}") from None
 
     async def run(self, call: Call) -> ExecResult:
+        if self.draining:
+            raise HTTPException(503, STOPPING)
         if self.in_flight >= self.max_in_flight:
             raise HTTPException(503, f"busy: {self.in_flight} requests in flight; retry later")
         self.in_flight += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting.add(task)
         try:
             return await self.sandbox.arun_code(call.snippet, **call.limits)
         except CodepoolError as exc:  # the sandbox refused the call's limits, say
             raise HTTPException(422, str(exc)) from None
+        except asyncio.CancelledError:
+            # Cancelled by give_up alone (not by the server or the client going away):
+            # the client gets an answer it can act on.
+            if self._gave_up and task is not None and task.uncancel() == 0:
+                raise HTTPException(503, GAVE_UP) from None
+            raise
         finally:
             self.in_flight -= 1
+            if task is not None:
+                self._waiting.discard(task)
 
 
 def build_app(service: Service) -> Starlette:
@@ -149,3 +182,35 @@ def build_app(service: Service) -> Starlette:
         Route("/health", health, methods=["GET"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: refuse})
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, stopping as codepool's commands stop: the first SIGTERM or
+    SIGINT closes the listener and lets the calls waiting on the pool finish for
+    ``drain_s`` seconds, then answers the rest with a 503 (Service.give_up); a second
+    signal answers them now. It returns normally (no signal raised again), so the
+    caller stops the pool next."""
+
+    def __init__(self, config: uvicorn.Config, service: Service, *, drain_s: float) -> None:
+        super().__init__(config)
+        self.service = service
+        self.drain_s = drain_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if loop is None:
+            super().handle_exit(sig, frame)
+        elif not self.should_exit:
+            self.should_exit = True
+            loop.call_soon_threadsafe(self._drain, loop)
+        else:
+            loop.call_soon_threadsafe(self.service.give_up)
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.service.drain()
+        loop.call_later(self.drain_s, self.service.give_up)

@@ -1,9 +1,14 @@
 """``codepool serve``: SandboxFusion's HTTP API in front of the pool (see ops/serve.py).
 
 Without ``--url`` and ``REDIS_URL`` it serves the embedded default (a private Redis and
-a local worker), all stopped when serve stops. Never an open door: listening on
-anything but loopback needs ``--token`` (or ``CODEPOOL_SERVE_TOKEN``) unless the
-operator passes ``--insecure-no-token`` for a trusted network.
+a local worker), all stopped when serve stops, and killed with it if it is killed. Never
+an open door: listening on anything but loopback needs ``--token`` (or
+``CODEPOOL_SERVE_TOKEN``) unless the operator passes ``--insecure-no-token`` for a
+trusted network.
+
+Stopping: the first SIGTERM or SIGINT closes the listener; calls waiting on the pool may
+finish until the drain deadline (less the time the embedded pool takes to stop), then
+get a 503; the pool stops and serve exits 0 within ``--drain-timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ import sys
 from contextlib import ExitStack
 from types import FrameType
 
-from codepool.ops.arguments import Commands, add_rich_tracebacks, add_slots_argument
+from codepool.ops.arguments import (
+    Commands,
+    add_drain_argument,
+    add_rich_tracebacks,
+    add_slots_argument,
+)
 
 TOKEN_ENV = "CODEPOOL_SERVE_TOKEN"
 # The line serve prints once it listens (and the pool is ready), and how to read it back.
@@ -56,6 +66,11 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--max-body-mb", type=float, default=64.0, help="larger request bodies get 413"
     )
+    add_drain_argument(
+        parser,
+        "takes no new request; requests waiting on the pool may finish until the deadline "
+        "(less 2 s to stop the embedded pool, if any), then get a 503 to retry",
+    )
     parser.set_defaults(handler=serve_command)
 
 
@@ -90,7 +105,7 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from codepool.ops.serve import Service, build_app
+        from codepool.ops.serve import DrainingServer, Service, build_app
     except ImportError as exc:
         print(
             f"codepool serve needs the 'serve' extra ({exc}): pip install 'codepool[serve]'",
@@ -99,43 +114,48 @@ def serve_command(args: argparse.Namespace) -> int:
         return 2
     from codepool.common.errors import CodepoolError
     from codepool.common.settings import Settings
-    from codepool.ops.embedded import url_or_embedded
+    from codepool.ops.embedded import STOP_S, url_or_embedded
     from codepool.producer.sandbox import RemoteSandbox
 
-    listener = _listen(args.host, args.port)
-    with ExitStack() as stack:
-        try:
-            url = url_or_embedded(stack, args.url, args.concurrency)
-            sandbox = RemoteSandbox(
-                url,
-                run=args.run,
-                rich_tracebacks=args.rich_tracebacks,
-                settings=Settings.from_env(redis_url=url),
+    # Until uvicorn takes the signals over: a stop while the pool starts unwinds it.
+    signal.signal(signal.SIGTERM, _stop)
+    embedded = (args.url or os.environ.get("REDIS_URL")) is None
+    try:
+        listener = _listen(args.host, args.port)
+        with ExitStack() as stack:
+            try:
+                url = url_or_embedded(stack, args.url, args.concurrency)
+                sandbox = RemoteSandbox(
+                    url,
+                    run=args.run,
+                    rich_tracebacks=args.rich_tracebacks,
+                    settings=Settings.from_env(redis_url=url),
+                )
+            except CodepoolError as exc:
+                print(f"codepool serve: {exc}", file=sys.stderr)
+                return 2
+            # What still waits once the HTTP side has answered is nobody's any more.
+            stack.callback(sandbox.close, wait=False)
+            service = Service(
+                sandbox,
+                token=token,
+                max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                max_in_flight=args.max_in_flight,
             )
-        except CodepoolError as exc:
-            print(f"codepool serve: {exc}", file=sys.stderr)
-            return 2
-        stack.callback(sandbox.close)
-        service = Service(
-            sandbox,
-            token=token,
-            max_body_bytes=int(args.max_body_mb * (1 << 20)),
-            max_in_flight=args.max_in_flight,
-        )
-        host, port = listener.getsockname()[:2]
-        print(LISTENING_LINE.format(host=host, port=port), flush=True)
-        config = uvicorn.Config(
-            build_app(service),
-            log_level="warning",
-            timeout_graceful_shutdown=10,
-        )
-        # uvicorn re-raises the signal that stopped it once it has shut down; as an
-        # exception here, so the pool (and the embedded Redis and worker) stop too.
-        signal.signal(signal.SIGTERM, _stop)
-        try:
-            uvicorn.Server(config).run(sockets=[listener])
-        except (KeyboardInterrupt, Stopped):
-            pass
+            host, port = listener.getsockname()[:2]
+            print(LISTENING_LINE.format(host=host, port=port), flush=True)
+            drain_s = max(0.0, args.drain_s - (STOP_S if embedded else 0.0))
+            config = uvicorn.Config(
+                build_app(service),
+                log_level="warning",
+                timeout_graceful_shutdown=drain_s + 1.0,  # a backstop: give_up answers all
+            )
+            DrainingServer(config, service, drain_s=drain_s).run(sockets=[listener])
+            # Stopping the pool takes STOP_S at most: further signals change nothing.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (KeyboardInterrupt, Stopped):  # while the pool started
+        pass
     return 0
 
 

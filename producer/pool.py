@@ -54,6 +54,7 @@ LINGER_UNTIL_LEFT = 8
 # Distinct (defaults, overrides) pairs whose Limits are remembered.
 LIMITS_CACHED = 64
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
+CLOSED_MESSAGE = "codepool: the pool was closed before this result came"
 NO_WORKER_MESSAGE = (
     "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
     "in Redis); is `codepool worker` running and pointed at this Redis?"
@@ -290,6 +291,7 @@ class CodePool:
         return counters.metrics(self.counters(run))
 
     def close(self) -> None:
+        """Close the connections; collections going on end, what they miss is infra."""
         self._closed = True
         self._spare_wanted.set()
         self.conn.close()
@@ -340,6 +342,9 @@ class Batch:
             now = time.monotonic()
             if now >= end:
                 break
+            if pool._closed:
+                message = CLOSED_MESSAGE
+                break
             if now >= watch_at:
                 watch_at = now + POLL_BLOCK_S
                 live = pool.watch()
@@ -358,7 +363,11 @@ class Batch:
             block_s = max(0.01, min(end, watch_at) - now)
             try:
                 popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
-            except redis.RedisError:
+            except (redis.RedisError, OSError, ValueError) as exc:
+                if pool._closed:
+                    continue  # closed under this read, whatever redis-py made of it
+                if not isinstance(exc, redis.RedisError):
+                    raise
                 # Redis restarting: wait a little and try again until the deadline.
                 pause(end, 0.5)
                 continue

@@ -43,6 +43,7 @@ class ReplaySummary:
     bad_lines: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     comparison: Comparison | None = None
+    left: int = 0  # calls not run: a stop was asked for (run again to resume)
 
     @property
     def ran(self) -> int:
@@ -103,6 +104,7 @@ def replay(
     run: str = "replay",
     compare: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
     **limits: Any,
 ) -> ReplaySummary:
     """Run every call of ``in_path`` not yet in ``out_path``; append results as they come.
@@ -110,8 +112,9 @@ def replay(
     ``in_path``: JSONL or Parquet (see producer.rollout_files); ``timeout_s``: seconds per
     call; ``compare``: add ``recorded`` and ``match`` to each line and count them in
     ``summary.comparison``; ``on_progress(done, total)`` is called after each result (the
-    CLI draws a bar). Other keywords: Limits fields. A code record's fetched files come
-    back as text in the line's ``files``.
+    CLI draws a bar); once ``stopping()`` is true no further batch is submitted (the
+    calls left are counted in ``summary.left``). Other keywords: Limits fields. A code
+    record's fetched files come back as text in the line's ``files``.
     """
     summary = ReplaySummary(comparison=Comparison() if compare else None)
     drop_partial_last_line(out_path)
@@ -130,7 +133,10 @@ def replay(
                 summary.comparison.unreadable.append(f"{item.id}: {item.unreadable}")
     started = time.monotonic()
     with open(out_path, "a", encoding="utf-8") as out:
-        for chunk in _chunks(pending, CHUNK):
+        for start, chunk in enumerate(_chunks(pending, CHUNK)):
+            if stopping():
+                summary.left = len(pending) - start * CHUNK
+                break
             batch = pool.submit(
                 [call.runs for call in chunk], run=run, timeout_s=timeout_s, **limits
             )

@@ -122,12 +122,16 @@ class RemoteSandbox:
     def format_tool_content(self, result: ExecResult) -> str:
         return format_tool_content(result, timeout_s=self.timeout, markers=self.markers)
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """Stop taking calls. ``wait``: until every call made has its result; else at
+        once, the calls still waiting resolved as ``infra`` (a server that stops)."""
         if self._closed:
             return
         self._closed = True
         self._calls.put(None)
         self._batcher.join(timeout=10)
+        if not wait:
+            self.pool.close()  # ends the collections (Batch.as_completed)
         self._collectors.shutdown(wait=True)
         self.pool.close()
 
@@ -218,4 +222,5 @@ class RemoteSandbox:
         self.stats.record(result)
         with self._count_lock:
             self._in_flight -= 1
-        future.set_result(result)
+        if not future.done():  # an asyncio caller that gave up cancelled it
+            future.set_result(result)

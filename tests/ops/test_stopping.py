@@ -1,0 +1,160 @@
+"""``codepool serve`` and ``codepool replay`` on the embedded default end, whatever is
+queued: a SIGTERM drains for at most the drain deadline and every process below the
+command (its Redis, its worker, the worker's dispatchers, supervisor, zygotes and
+snippets) is gone soon after; a SIGKILL takes every one of them down within seconds.
+Real processes throughout; the tree is recorded before the signal, since once its root
+dies it is reparented."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+
+from codepool.common.settings import DEFAULT_DRAIN_S
+from codepool.ops.processes import processes, still_running, tree
+from tests.conftest import wait_until
+from tests.ops.test_serve import Serve, health, start_serve
+
+BACKLOG = 20  # requests of `while True: pass`, 10 s each, on 2 slots: 100 s of work
+MARGIN_S = 10.0  # beyond the drain deadline, for a loaded machine
+KILLED_WITHIN_S = 15.0  # "within seconds" of a SIGKILL, generously
+
+
+def busy(server: Serve) -> requests.Response | Exception:
+    body = {"code": "while True: pass", "language": "python", "run_timeout": 10}
+    try:
+        return requests.post(f"{server.url}/run_code", json=body, timeout=300)
+    except requests.RequestException as exc:
+        return exc
+
+
+@contextmanager
+def serve_with_a_backlog(tmp_path: Path) -> Iterator[tuple[Serve, list[Future[object]]]]:
+    server = start_serve(tmp_path / "serve.log", "-c", "2")
+    snapshot = tree(server.process.pid)
+    try:
+        with ThreadPoolExecutor(BACKLOG) as threads:
+            calls: list[Future[object]] = [threads.submit(busy, server) for _ in range(BACKLOG)]
+            wait_until(
+                lambda: health(server, {})["in_flight"] == BACKLOG,
+                timeout_s=60,
+                what="the whole backlog waiting on the pool",
+            )
+            yield server, calls
+    finally:
+        snapshot.update(tree(server.process.pid))
+        for pid in still_running(snapshot):  # whatever a failed test left
+            os.kill(pid, signal.SIGKILL)
+        server.process.wait(timeout=30)
+
+
+def names(pids: list[int]) -> list[str]:
+    return [p.cmdline[:100] for p in processes() if p.pid in pids]
+
+
+def assert_all_gone(snapshot: dict[int, int], by: float, what: str) -> None:
+    wait_until(
+        lambda: not still_running(snapshot),
+        timeout_s=max(0.1, by - time.monotonic()),
+        what=f"{what}: {names(still_running(snapshot))}",
+    )
+
+
+def test_serve_sigterm_with_a_backlog_answers_everyone_and_ends(tmp_path: Path) -> None:
+    with serve_with_a_backlog(tmp_path) as (server, calls):
+        snapshot = tree(server.process.pid)
+        roles = " ".join(names(list(snapshot)))
+        assert "redis-server" in roles or "valkey-server" in roles, roles
+        assert "codepool.worker.dispatcher" in roles and "engine.supervisor" in roles, roles
+        by = time.monotonic() + DEFAULT_DRAIN_S + MARGIN_S
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=by - time.monotonic()) == 0, server.log()
+        assert_all_gone(snapshot, by, "left after serve's drain deadline")
+        # Every request got an answer: a result, or a 503 saying to retry; none was
+        # dropped on the floor, none was a 500.
+        answers = [call.result(timeout=30) for call in calls]
+    statuses = sorted(
+        a.status_code if isinstance(a, requests.Response) else type(a).__name__ for a in answers
+    )
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses.count(503) >= BACKLOG - 4, statuses  # 2 slots, 8 s: a few ran
+    for answer in answers:
+        assert isinstance(answer, requests.Response)
+        if answer.status_code == 503:
+            assert "retry" in answer.json()["detail"]
+    assert "Exception in ASGI application" not in server.log()
+
+
+def test_serve_sigkill_with_a_backlog_takes_its_whole_tree_along(tmp_path: Path) -> None:
+    with serve_with_a_backlog(tmp_path) as (server, _):
+        snapshot = tree(server.process.pid)
+        assert len(snapshot) > 5, names(list(snapshot))  # Redis, worker, its processes
+        by = time.monotonic() + KILLED_WITHIN_S
+        server.process.kill()
+        server.process.wait()
+        assert_all_gone(snapshot, by, f"left {KILLED_WITHIN_S} s after serve's SIGKILL")
+
+
+def replay_backlog(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    with open(source, "w") as f:
+        for i in range(BACKLOG):
+            code = f"print({i})" if i < 2 else "while True: pass"
+            f.write(json.dumps({"id": str(i), "code": code}) + "\n")
+    environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    log = tmp_path / "replay.log"
+    command = [sys.executable, "-m", "codepool.ops.cli", "replay", str(source)]
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [*command, "-o", str(output), "--timeout", "10", "-c", "2"],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            env=environ,
+        )
+    return process, output, log
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_replay_stopped_with_a_backlog_ends_its_tree(tmp_path: Path, how: str) -> None:
+    process, output, log = replay_backlog(tmp_path)
+    snapshot: dict[int, int] = {}
+    try:
+        # The two quick calls are written: the pool runs, the rest waits on 2 slots.
+        wait_until(lambda: len(lines(output)) >= 2, timeout_s=60, what="the first results")
+        snapshot = tree(process.pid)
+        assert len(snapshot) > 5, names(list(snapshot))
+        if how == "sigterm":
+            by = time.monotonic() + DEFAULT_DRAIN_S + MARGIN_S
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=by - time.monotonic())
+            assert code == 128 + signal.SIGTERM, log.read_text()
+            assert "stopped by SIGTERM" in log.read_text() and "resume" in log.read_text()
+        else:
+            by = time.monotonic() + KILLED_WITHIN_S
+            process.kill()
+            process.wait()
+        assert_all_gone(snapshot, by, f"left after replay's {how}")
+        # What was written is whole lines, once each: a rerun resumes from them.
+        ids = [json.loads(line)["id"] for line in lines(output)]
+        assert len(ids) == len(set(ids)) and {"0", "1"} <= set(ids)
+    finally:
+        snapshot.update(tree(process.pid))
+        for pid in still_running(snapshot):
+            os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=30)
