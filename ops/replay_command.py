@@ -13,6 +13,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from types import FrameType
@@ -73,39 +74,58 @@ class Stopped(Exception):
     """Raised in the main thread when a stopping replay's drain deadline passes."""
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class StopSignals:
-    """SIGTERM and SIGINT while a replay runs: the first starts the drain (a timer that
-    raises Stopped at its deadline), a second raises Stopped at once."""
+    """SIGTERM and SIGINT while a replay runs: the first starts the drain, a second (or
+    the drain's deadline, which a timer thread signals to the main thread as another
+    SIGTERM) raises Stopped there. ``restore`` puts the caller's handlers back."""
 
     def __init__(self, drain_s: float) -> None:
         self.drain_s = drain_s
         self.received: list[int] = []
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
-        signal.signal(signal.SIGALRM, self._on_deadline)
+        self._deadline: threading.Timer | None = None
+        self._saved = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         if len(self.received) > 1 or self.drain_s <= 0:
             raise Stopped
-        signal.setitimer(signal.ITIMER_REAL, self.drain_s)
-
-    def _on_deadline(self, signum: int, frame: FrameType | None) -> None:
-        raise Stopped
+        main = threading.main_thread().ident
+        assert main is not None
+        self._deadline = threading.Timer(self.drain_s, signal.pthread_kill, (main, signal.SIGTERM))
+        self._deadline.daemon = True
+        self._deadline.start()
 
     def stopping(self) -> bool:
         return bool(self.received)
 
     def settle(self) -> None:
         """From here on (stopping the pool, bounded) signals change nothing."""
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        if self._deadline is not None:
+            self._deadline.cancel()
+        for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        self.settle()
+        for signum, handler in self._saved.items():
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(signum, handler)
 
 
 def run_command(args: argparse.Namespace) -> int:
     embedded = (args.url or os.environ.get("REDIS_URL")) is None
     stop = StopSignals(max(0.0, args.drain_s - (STOP_S if embedded else 0.0)))
+    try:
+        return _replay(args, stop)
+    finally:
+        stop.restore()
+
+
+def _replay(args: argparse.Namespace, stop: StopSignals) -> int:
+    """The replay, its summary and report; the exit code."""
     progress = Progress()
     summary: ReplaySummary | None = None
     with ExitStack() as stack:

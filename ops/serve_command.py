@@ -118,6 +118,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from codepool.producer.sandbox import RemoteSandbox
 
     # Until uvicorn takes the signals over: a stop while the pool starts unwinds it.
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, _stop)
     embedded = (args.url or os.environ.get("REDIS_URL")) is None
     try:
@@ -156,6 +157,10 @@ def serve_command(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
     except (KeyboardInterrupt, Stopped):  # while the pool started
         pass
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(signum, handler)
     return 0
 
 

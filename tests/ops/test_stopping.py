@@ -158,3 +158,15 @@ def test_replay_stopped_with_a_backlog_ends_its_tree(tmp_path: Path, how: str) -
         for pid in still_running(snapshot):
             os.kill(pid, signal.SIGKILL)
         process.wait(timeout=30)
+
+
+def test_replay_run_in_process_leaves_the_callers_signal_handlers(tmp_path: Path) -> None:
+    """Handlers are process-wide, and SIG_IGN is inherited across exec: a replay run in
+    a trainer's (or pytest's) process must hand them back as it found them."""
+    from codepool.ops.cli import build_parser
+
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
+    before = {signum: signal.getsignal(signum) for signum in stops}
+    args = build_parser().parse_args(["replay", str(tmp_path / "none.jsonl"), "-o", "out"])
+    assert args.handler(args) == 2  # no such input: refused before anything starts
+    assert {signum: signal.getsignal(signum) for signum in stops} == before
