@@ -71,9 +71,13 @@ def test_the_wall_clock_wins_over_everything() -> None:
 @pytest.mark.parametrize("signum", [signal.SIGXCPU, signal.SIGKILL])
 def test_a_kill_at_the_cpu_limit_is_the_cpu_limit(signum: int) -> None:
     assert _classify(returncode=-signum, cpu_s=5.0, cpu_rlimit_s=5) == ("signal", "cpu_time")
-    # Below the limit the same signal came from elsewhere.
-    assert _classify(returncode=-signum, cpu_s=0.2, cpu_rlimit_s=5) == ("signal", None)
+    # wait4 counts short of the kernel on a loaded host (0.90 s at a 1 s limit, seen).
+    assert _classify(returncode=-signum, cpu_s=0.9, cpu_rlimit_s=1) == ("signal", "cpu_time")
     assert _classify(returncode=-signal.SIGSEGV, cpu_s=9.0, cpu_rlimit_s=5) == ("signal", None)
+
+
+def test_a_sigkill_far_below_the_cpu_limit_came_from_elsewhere() -> None:
+    assert _classify(returncode=-signal.SIGKILL, cpu_s=0.2, cpu_rlimit_s=5) == ("signal", None)
 
 
 def test_the_output_cap_is_named_only_when_no_limit_stopped_the_snippet() -> None:
