@@ -1,10 +1,16 @@
 """The embedded default: a private Redis (unix socket in a temp dir) and a local worker,
-started for one command (``codepool replay`` without ``--url``) and stopped after it."""
+started for one command (``codepool replay`` or ``serve`` without ``--url``) and stopped
+after it, or killed with it (ops/parent_death.py).
+
+Each pool keeps its files (the server's socket and log, the worker's log) in one dir
+named after its command's pid and start time: a command killed with SIGKILL tidies
+nothing, so the next embedded pool on the host removes the dirs whose command is gone."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +24,9 @@ from rq import Worker
 
 from codepool.common.errors import ConfigError
 from codepool.ops.parent_death import die_with_parent
+from codepool.ops.processes import start_ticks
 from codepool.ops.redis_server import RedisServer
+from codepool.worker.engine.leftovers import socket_bases
 from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
@@ -30,6 +38,8 @@ WORKER_DRAIN_S = 1.0
 # Stopping the embedded pool takes at most about this long; a command's own drain leaves
 # it this much of its deadline.
 STOP_S = 2.0
+# An embedded pool's dir: {prefix}{command pid}.{its start ticks}-XXXX.
+HOME_PREFIX = "codepool-embedded-"
 
 
 def url_or_embedded(stack: ExitStack, url: str | None, concurrency: int | None) -> str:
@@ -49,12 +59,42 @@ def embedded_pool(
     """Yield the URL of a private Redis with one ``codepool worker`` serving it, with
     ``concurrency`` slots (None: the worker's default, the CPUs it may use). The server
     binary is the first ``server_binary.find_server_binary`` finds (logged)."""
+    me, ticks = os.getpid(), start_ticks(os.getpid())
+    if ticks is not None:  # where /proc tells whether a command is gone
+        sweep_leftovers()
+    home = tempfile.mkdtemp(prefix=f"{HOME_PREFIX}{me}.{ticks or 0}-", dir=socket_bases()[0])
+    try:
+        with _pool_in(home, concurrency, preload) as url:
+            yield url
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def sweep_leftovers() -> int:
+    """Remove the dirs of embedded pools whose command is gone (killed with SIGKILL: it
+    tidied nothing); returns how many were removed."""
+    removed = 0
+    for base in socket_bases():
+        for entry in os.scandir(base):
+            if not entry.name.startswith(HOME_PREFIX):
+                continue
+            pid, _, ticks = entry.name[len(HOME_PREFIX) :].split("-", 1)[0].partition(".")
+            if pid.isdigit() and ticks.isdigit() and start_ticks(int(pid)) != int(ticks):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+    return removed
+
+
+@contextmanager
+def _pool_in(home: str, concurrency: int | None, preload: tuple[str, ...]) -> Iterator[str]:
     # Both die with this process even when it is SIGKILLed (ops/parent_death.py); the
     # worker's own processes die with it in turn.
-    server = RedisServer(unix_socket=True, die_with_parent=True).start()
+    redis_dir = os.path.join(home, "redis")
+    os.mkdir(redis_dir, 0o700)
+    server = RedisServer(unix_socket=True, die_with_parent=True, dir=redis_dir).start()
     if server.binary is not None:  # always, once started
         log.info("embedded: private Redis %s", server.binary.describe())
-    log_file = tempfile.NamedTemporaryFile(prefix="codepool-worker-", suffix=".log", delete=False)
+    log_file = open(os.path.join(home, "worker.log"), "wb")
     name = f"embedded-{os.getpid()}"
     argv = [
         sys.executable,
@@ -85,7 +125,6 @@ def embedded_pool(
         _stop(worker)
         server.close()
         log_file.close()
-        os.unlink(log_file.name)
 
 
 def _wait_ready(url: str, name: str, worker: subprocess.Popen[bytes], log_path: str) -> None:

@@ -29,9 +29,9 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     add_drain_argument(
         parser,
-        "takes no more work, gives back what it claimed and has not started (it runs "
-        "elsewhere at once) and lets running snippets finish; what still runs 2 s before "
-        "the deadline (half of it, if shorter) is stopped and given back",
+        "takes no more work and lets running snippets finish; what still runs 2 s before "
+        "the deadline (half of it, if shorter) is stopped; what it claimed and did not "
+        "run is given back, to run elsewhere",
     )
     parser.add_argument(
         "--max-timeout",

@@ -9,14 +9,14 @@ die, or stop because their lease was taken away, are restarted with fresh names,
 kill -9 never leaves a stale name to crash-loop on.
 
 Stopping (``drain_s``, the drain deadline): the first SIGTERM or SIGINT tells every
-dispatcher to take no more work and to give back what it claimed and has not started
-(in the executor too); what runs may finish. CUT_BEFORE_S before the deadline (at most
-half of it) each dispatcher is told to take back what still runs (killed) and give it
-back, and at the deadline any dispatcher still there is killed (its lease lapses and
-the fleet re-runs what it held, as after a crash). A second signal brings the cut
-forward to now. The host then stops its executor and exits: within the deadline,
-whatever state Redis is in, since nothing on the way waits on Redis for longer than
-HOST_REDIS_TIMEOUT_S.
+dispatcher to take no more work and to take back from the executor what has not
+started; what runs may finish. CUT_BEFORE_S before the deadline (at most half of it)
+each dispatcher is told to take back what still runs (killed); a dispatcher gives back
+what it claimed and did not run once nothing of its batch runs, and exits. At the
+deadline any dispatcher still there is killed (its lease lapses and the fleet re-runs
+what it held, as after a crash). A second signal brings the cut forward to now. The
+host then stops its executor and exits: within the deadline, whatever state Redis is
+in, since nothing on the way waits on Redis for longer than HOST_REDIS_TIMEOUT_S.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """``codepool serve`` and ``codepool replay`` on the embedded default end, whatever is
 queued: a SIGTERM drains for at most the drain deadline and every process below the
 command (its Redis, its worker, the worker's dispatchers, supervisor, zygotes and
-snippets) is gone soon after; a SIGKILL takes every one of them down within seconds.
-Real processes throughout; the tree is recorded before the signal, since once its root
-dies it is reparented."""
+snippets) is gone soon after, with its files; a SIGKILL takes every one of them down
+within seconds, and the next embedded pool sweeps the files it left. Real processes
+throughout; the tree is recorded before the signal, since once its root dies it is
+reparented."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,12 +19,16 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from codepool.common.settings import DEFAULT_DRAIN_S
+from codepool.ops.embedded import HOME_PREFIX, sweep_leftovers
 from codepool.ops.processes import processes, still_running, tree
+from codepool.worker.engine.leftovers import socket_bases
+from codepool.worker.host import HOST_DIR_PREFIX
 from tests.conftest import wait_until
 from tests.ops.test_serve import Serve, health, start_serve
 
@@ -54,9 +60,39 @@ def serve_with_a_backlog(tmp_path: Path) -> Iterator[tuple[Serve, list[Future[ob
             yield server, calls
     finally:
         snapshot.update(tree(server.process.pid))
-        for pid in still_running(snapshot):  # whatever a failed test left
-            os.kill(pid, signal.SIGKILL)
-        server.process.wait(timeout=30)
+        clean_up(snapshot, server.process)
+
+
+def clean_up(snapshot: dict[int, int], process: subprocess.Popen[Any]) -> None:
+    """Whatever a failed test left: processes, and the dirs they made."""
+    for pid in still_running(snapshot):
+        os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    for path in dirs_of(snapshot):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def dirs_of(snapshot: dict[int, int]) -> list[str]:
+    """The temp dirs the processes of ``snapshot`` made: their embedded pool's, their
+    worker host's (named by the pid that made them)."""
+    found = []
+    for base in socket_bases():
+        for entry in os.scandir(base):
+            for prefix in (HOME_PREFIX, HOST_DIR_PREFIX):
+                if entry.name.startswith(prefix):
+                    owner = entry.name[len(prefix) :].split("-", 1)[0].split(".")[0]
+                    if owner.isdigit() and int(owner) in snapshot:
+                        found.append(entry.path)
+    return found
+
+
+def assert_swept(snapshot: dict[int, int], command_pid: int) -> None:
+    """A command killed with SIGKILL left its embedded pool's dir; the next pool's sweep
+    removes it (and only dirs whose command is gone)."""
+    left = [path for path in dirs_of({command_pid: 0}) if HOME_PREFIX in path]
+    assert len(left) == 1, left
+    assert sweep_leftovers() >= 1
+    assert not os.path.exists(left[0])
 
 
 def names(pids: list[int]) -> list[str]:
@@ -81,6 +117,7 @@ def test_serve_sigterm_with_a_backlog_answers_everyone_and_ends(tmp_path: Path) 
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=by - time.monotonic()) == 0, server.log()
         assert_all_gone(snapshot, by, "left after serve's drain deadline")
+        assert [p for p in dirs_of({server.process.pid: 0}) if HOME_PREFIX in p] == []
         # Every request got an answer: a result, or a 503 saying to retry; none was
         # dropped on the floor, none was a 500.
         answers = [call.result(timeout=30) for call in calls]
@@ -104,6 +141,7 @@ def test_serve_sigkill_with_a_backlog_takes_its_whole_tree_along(tmp_path: Path)
         server.process.kill()
         server.process.wait()
         assert_all_gone(snapshot, by, f"left {KILLED_WITHIN_S} s after serve's SIGKILL")
+        assert_swept(snapshot, server.process.pid)
 
 
 def replay_backlog(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
@@ -145,19 +183,20 @@ def test_replay_stopped_with_a_backlog_ends_its_tree(tmp_path: Path, how: str) -
             code = process.wait(timeout=by - time.monotonic())
             assert code == 128 + signal.SIGTERM, log.read_text()
             assert "stopped by SIGTERM" in log.read_text() and "resume" in log.read_text()
+            assert [p for p in dirs_of({process.pid: 0}) if HOME_PREFIX in p] == []
         else:
             by = time.monotonic() + KILLED_WITHIN_S
             process.kill()
             process.wait()
         assert_all_gone(snapshot, by, f"left after replay's {how}")
+        if how == "sigkill":
+            assert_swept(snapshot, process.pid)
         # What was written is whole lines, once each: a rerun resumes from them.
         ids = [json.loads(line)["id"] for line in lines(output)]
         assert len(ids) == len(set(ids)) and {"0", "1"} <= set(ids)
     finally:
         snapshot.update(tree(process.pid))
-        for pid in still_running(snapshot):
-            os.kill(pid, signal.SIGKILL)
-        process.wait(timeout=30)
+        clean_up(snapshot, process)
 
 
 def test_replay_run_in_process_leaves_the_callers_signal_handlers(tmp_path: Path) -> None:

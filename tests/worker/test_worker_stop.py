@@ -55,7 +55,7 @@ def test_sigterm_mid_batch_cuts_at_the_deadline_and_the_rest_runs_once_elsewhere
     codes = [
         "import time\ntime.sleep(3)\nprint('finished in the drain')",  # runs on, ends
         "import time\ntime.sleep(600)\nprint('never')",  # still running at the deadline
-        *[f"print({i})" for i in range(2, 8)],  # claimed or waiting: given back at once
+        *[f"print({i})" for i in range(2, 8)],  # waiting, claimed or not: given back
     ]
     batch = pool.submit(codes, timeout_s=120)
     client = redis.Redis.from_url(redis_url)
