@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from codepool.common.result import STATUSES, ExecResult
+from codepool.common.result import CANCELLED, STATUSES, ExecResult
 
 # Latency histogram: one counter per bucket (not cumulative), so dashboards can show
 # percentiles from integer counters alone. Upper edges in ms; the last bucket is +Inf.
@@ -12,7 +12,18 @@ LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 300
 BUCKET_FIELDS = (*(f"latency_le_{ms}ms" for ms in LATENCY_BUCKETS_MS), "latency_le_inf")
 # Snippets each zygote ran (fork mode), so operators see the bare/light/mid/heavy mix.
 ZYGOTE_FIELDS = ("zygote_bare", "zygote_light", "zygote_mid", "zygote_heavy")
-FIELDS = ("calls", *STATUSES, "latency_us", "exec_us", "queue_us", *BUCKET_FIELDS, *ZYGOTE_FIELDS)
+# ``cancelled``: snippets given up on before they had a result (``ledger.CANCEL`` counts
+# them); they are not ``calls``, so no rate below counts them as errors.
+FIELDS = (
+    "calls",
+    *STATUSES,
+    CANCELLED,
+    "latency_us",
+    "exec_us",
+    "queue_us",
+    *BUCKET_FIELDS,
+    *ZYGOTE_FIELDS,
+)
 
 
 def bucket_field(latency_ms: float) -> str:
@@ -83,6 +94,7 @@ def metrics(counters: Mapping[str, int]) -> dict[str, float]:
     calls = counters.get("calls", 0)
     out = {f"sandbox/{status}": float(counters.get(status, 0)) for status in STATUSES}
     out["sandbox/calls"] = float(calls)
+    out["sandbox/cancelled"] = float(counters.get(CANCELLED, 0))
     if calls == 0:
         out.update(
             {
