@@ -30,7 +30,7 @@ from typing import Any
 from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
-from codepool.common.result import infra, rejected
+from codepool.common.result import cancelled, infra, rejected
 from codepool.common.snippet import Snippet
 from codepool.worker.engine import done, isolation, leftovers, native, readback, routing
 from codepool.worker.engine.child import READY
@@ -85,6 +85,7 @@ class Child:
     timed_out: bool = False
     notice: done.Notice | None = None  # its done notice, once it was killed at it
     reported: bool = False  # its result went out (at the notice, or at its exit)
+    cancelled: bool = False  # killed because its client gave up: reported as cancelled
     ready: bool | None = None  # it said "ready" (None: not read yet)
     handed: list[int] = field(default_factory=list)  # the fds it sent with "ready"
 
@@ -208,6 +209,9 @@ class Supervisor:
     def _on_message(self, client: Client, message: dict[str, Any]) -> None:
         now = time.monotonic()
         request_id = message.get("id")
+        if message.get("t") == "cancel" and isinstance(request_id, int):
+            self._cancel(client, request_id)
+            return
         if message.get("t") != "run" or not isinstance(request_id, int):
             log.error("ignoring malformed message of type %r", message.get("t"))
             return
@@ -237,6 +241,24 @@ class Supervisor:
         plain = snippet is None or not snippet.has_inputs
         kind = routing.HEAVY if self.router is None else self.router.kind(code, plain=plain)
         self.queue.append(Request(client, request_id, code, limits, now, kind, snippet))
+
+    def _cancel(self, client: Client, request_id: int) -> None:
+        """The client gave up on a request: dropped if it waits, killed if it runs (its
+        slot frees at its exit); either way its result is a cancellation. Nothing to do
+        once its result went out."""
+        for request in self.queue:
+            if request.client is client and request.id == request_id:
+                self.queue.remove(request)
+                self._send(client, _cancelled(request_id))
+                return
+        for child in self.running.values():
+            asked = child.request
+            if asked is None or asked.client is not client or asked.id != request_id:
+                continue
+            if not child.reported:
+                child.cancelled, child.deadline = True, None
+                _kill(child.pid, group=not self.state.pidns)
+            return
 
     # -- children ------------------------------------------------------------------
 
@@ -362,6 +384,8 @@ class Supervisor:
         self._forget_notice(child)
         if notice is None or child.timed_out or self.running.get(child.pid) is not child:
             return
+        if child.cancelled:
+            return
         _kill(child.pid, group=False)  # nothing more of it runs, forged notice or not
         child.notice, child.deadline = notice, None
         if done.alone(child.pid, notice) and self._take_ready(child):
@@ -390,6 +414,9 @@ class Supervisor:
     def _report(self, child: Child, code: int, cpu_s: float, max_rss_kb: int, ended: float) -> None:
         child.reported = True
         if child.request is None or child.request.client is None:
+            return
+        if child.cancelled:
+            self._send(child.request.client, _cancelled(child.request.id))
             return
         ready = bool(child.ready)
         self.prefork = self.prefork or ready
@@ -535,6 +562,11 @@ def _read_back(child: Child, handed: list[int]) -> dict[str, Any]:
 
 def _rejected(request_id: int, message: str) -> dict[str, Any]:
     return {"t": "result", "id": request_id, "r": rejected(f"rejected: {message}").to_dict()}
+
+
+def _cancelled(request_id: int) -> dict[str, Any]:
+    record = cancelled("codepool: cancelled: its caller gave up on it").to_dict()
+    return {"t": "result", "id": request_id, "r": record}
 
 
 @dataclass
