@@ -411,6 +411,7 @@ def main(argv: list[str]) -> int:
         rq_level = "DEBUG" if config.log_level == "DEBUG" else "WARNING"
         worker.work(burst=config.burst, logging_level=rq_level)
     finally:
+        worker.runner.close()
         writer.close()
         finished.stop()
         lease.stop()

@@ -6,7 +6,9 @@ stored in Redis. ``CodepoolJob`` refuses to resolve any function but :data:`JOB_
 :class:`BatchRunner`, which claims runs of the batch's indices (``ledger.CLAIM``) as its
 share of the host's executor frees up, and hands each result to the writer. Several
 dispatchers on several hosts work on one batch at once; the job ends when nothing is
-left to claim and nothing of its own is in flight.
+left to claim and nothing of its own is in flight. A cancellation heard meanwhile
+(worker/cancels.py) drops what was claimed and not started, and kills what runs; such a
+snippet is never written.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
@@ -30,7 +32,7 @@ from codepool.common.errors import CodepoolError, WireError
 from codepool.common.ledger import claim_script, parse_indices
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, batch_queue
-from codepool.common.result import ExecResult, infra, rejected
+from codepool.common.result import CANCELLED, ExecResult, infra, rejected
 from codepool.common.settings import Settings
 from codepool.common.wire import (
     JOB_FUNCTION,
@@ -39,6 +41,7 @@ from codepool.common.wire import (
     decode_announcement,
     peek_batch_id,
 )
+from codepool.worker.cancels import CancelBook, CancelListener
 from codepool.worker.engine.client import SupervisorClient
 from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host_window import HostWindow
@@ -52,6 +55,13 @@ HEARTBEAT_EVERY_S = 10.0
 HEARTBEAT_TTL_S = 60
 # Most indices one claim takes (the first claims of a big batch are the largest).
 MAX_CLAIM = 64
+
+
+class _Dropped:
+    """A note: one started snippet ended cancelled, and is not written."""
+
+
+_DROPPED = _Dropped()
 
 
 class RefusedJob(CodepoolError):
@@ -126,6 +136,45 @@ class BatchRunner:
         self.lease = lease
         self.window = window
         self.queue = batch_queue(conn, settings)
+        # Cancellations heard, and the executions they may concern (worker/cancels.py).
+        self.cancels = CancelBook()
+        self._active_lock = threading.Lock()
+        self._active: dict[str, BatchExecution] = {}
+        self.listener = CancelListener(
+            conn,
+            self.keys.cancel_channel(lease.owner),
+            on_cancel=self.on_cancel,
+            on_subscribed=self.reconcile,
+        )
+        self.listener.start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def on_cancel(self, batch_id: str, indices: frozenset[int] | None) -> None:
+        """Listener thread: ``indices`` of the batch (None: all) were cancelled."""
+        self.cancels.add(batch_id, indices)
+        with self._active_lock:
+            execution = self._active.get(batch_id)
+        if execution is not None:
+            execution.cancel(indices)
+
+    def reconcile(self) -> None:
+        """Listener thread, once (re)subscribed: what was cancelled while it was not
+        is found in Redis, for every execution running."""
+        with self._active_lock:
+            executions = list(self._active.values())
+        for execution in executions:
+            execution.reconcile()
+
+    def joined(self, execution: BatchExecution) -> None:
+        with self._active_lock:
+            self._active[execution.batch_id] = execution
+
+    def left(self, execution: BatchExecution) -> None:
+        with self._active_lock:
+            if self._active.get(execution.batch_id) is execution:
+                del self._active[execution.batch_id]
 
     def prestart(
         self, job: Job, *, pipeline: Pipeline, batch_id: str | None = None
@@ -195,11 +244,13 @@ class BatchExecution:
         self.oversize = False
         self.unwritten = 0  # started and not yet written (job thread's count)
         self.ran = 0
+        self.dropped = 0  # started, then cancelled: not written
         # Started and not yet taken by the writer: the job thread adds, the writer takes.
         self._running = 0
         self._running_lock = threading.Lock()
+        self._futures: dict[int, Future[ExecResult]] = {}  # in the executor, by index
         # Written counts (0 only wakes the job thread: the writer took results).
-        self._notes: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
+        self._notes: queue.SimpleQueue[int | BaseException | _Dropped] = queue.SimpleQueue()
         self._nudged = False  # told the writer this execution expects no more
         self._first_claim_with: Pipeline | None = None
         self.before_claim: list[Any] = []  # replies to what that pipeline held before it
@@ -209,6 +260,7 @@ class BatchExecution:
         # RQ's heartbeat of the job while it runs (not where its hash is gone: a beat
         # would make a partial one anew, with no TTL).
         self.beats_job = True
+        runner.joined(self)
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -238,6 +290,38 @@ class BatchExecution:
     def failed(self, exc: BaseException) -> None:
         self._notes.put(exc)
 
+    # -- called by the cancel listener's thread ---------------------------------------
+
+    def cancel(self, indices: frozenset[int] | None) -> None:
+        """``indices`` (None: all) were cancelled: what runs of them is killed, and the
+        job thread, woken, drops what it has not started (``runner.cancels`` has them)."""
+        if indices is None:
+            self.drained = True  # nothing left to claim
+        with self._running_lock:
+            running = [f for i, f in self._futures.items() if indices is None or i in indices]
+        for future in running:
+            self.runner.executor.cancel(future)
+        self._notes.put(0)
+
+    def reconcile(self) -> None:
+        """Look up this execution's unfinished indices in Redis: those whose result is
+        a cancellation are cancelled here too."""
+        with self._running_lock:
+            indices = [*self._futures, *self.todo]
+        if not indices:
+            return
+        blobs = self.runner.conn.hmget(self.runner.keys.batch_results(self.batch_id), indices)
+        found = set()
+        for index, blob in zip(indices, blobs, strict=True):
+            try:
+                if blob is not None and codec.decode_result(cast(bytes, blob)).status == CANCELLED:
+                    found.add(index)
+            except WireError:
+                continue
+        if found:
+            self.runner.cancels.add(self.batch_id, frozenset(found))
+            self.cancel(frozenset(found))
+
     # -- job thread -----------------------------------------------------------------
 
     def _stopping(self) -> bool:
@@ -251,6 +335,7 @@ class BatchExecution:
             keys.batch_retry(self.batch_id),
             keys.leases(),
             keys.owner_batches(runner.lease.owner),
+            keys.batch_results(self.batch_id),
         ]
         args = [
             runner.lease.owner,
@@ -341,7 +426,9 @@ class BatchExecution:
                 continue
             if room <= 0:
                 return
-            self._start(self.todo.pop())
+            index = self.todo.pop()
+            if not self.runner.cancels.cancelled(self.batch_id, index):
+                self._start(index)
 
     def _start(self, index: int) -> None:
         runner, batch = self.runner, self.batch
@@ -369,13 +456,24 @@ class BatchExecution:
                 runner.writer.put(self, index, rejected(message, worker=runner.executor.name))
                 return
             future = runner.executor.submit_limited(snippet, self.limits)
+            with self._running_lock:
+                self._futures[index] = future
             future.add_done_callback(functools.partial(self._finished, index))
+            if runner.cancels.cancelled(self.batch_id, index):  # heard while it started
+                runner.executor.cancel(future)
 
     def _finished(self, index: int, future: Future[ExecResult]) -> None:
+        with self._running_lock:
+            self._futures.pop(index, None)
         try:
             result = future.result()
         except Exception as exc:  # the executor's own failure: the snippet is not lost
             result = infra(f"codepool: executor failed: {exc}", worker=self.runner.executor.name)
+        if result.status == CANCELLED or self.runner.cancels.cancelled(self.batch_id, index):
+            # Its result is the cancellation, in Redis already: nothing to write.
+            self.taken(1)
+            self._notes.put(_DROPPED)
+            return
         self.runner.writer.put(self, index, result)
 
     def _take_note(self, timeout_s: float) -> None:
@@ -387,6 +485,9 @@ class BatchExecution:
             return
         if isinstance(note, BaseException):
             self._failure = note
+        elif isinstance(note, _Dropped):
+            self.unwritten -= 1
+            self.dropped += 1
         else:
             self.unwritten -= note
             self.ran += note
@@ -407,6 +508,12 @@ class BatchExecution:
             self.fill()
 
     def finish(self) -> dict[str, Any]:
+        try:
+            return self._finish()
+        finally:
+            self.runner.left(self)
+
+    def _finish(self) -> dict[str, Any]:
         runner, job = self.runner, self.job
         last_beat = time.monotonic()
         while True:
@@ -436,4 +543,4 @@ class BatchExecution:
                     self.batch_id,
                 )
             runner.finished.batch_done(self.batch_id)
-        return {"batch": self.batch_id, "ran": self.ran}
+        return {"batch": self.batch_id, "ran": self.ran, "cancelled": self.dropped}
