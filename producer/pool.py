@@ -12,6 +12,9 @@ it; one dispatcher of each claims runs of its indices (see ``common/ledger.py``)
 Results are collected from the batch's done list (BLMPOP, many per call). While it
 waits, the producer also watches the dispatchers' leases: it recovers the work of a
 lapsed one (like any live dispatcher would), and says so when no dispatcher is alive.
+A producer with batches in flight holds a lease of its own (producer/lease.py): if it
+dies, its batches are cancelled. ``Batch.cancel`` gives up on a batch or some of its
+snippets (common/cancellation.py); closing the pool gives up on what is in flight.
 """
 
 from __future__ import annotations
@@ -19,28 +22,28 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import redis
 from rq.job import Job
 
 from codepool.common import codec, counters
+from codepool.common.cancellation import CLOSED_MESSAGE, GAVE_UP_MESSAGE, cancel
 from codepool.common.connection import redis_client
 from codepool.common.errors import ConfigError, RedisUnavailable
 from codepool.common.janitor import Janitor
 from codepool.common.ledger import heartbeat_script, submit_script
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, announcement, announcements_for, batch_queue
-from codepool.common.result import ExecResult, infra
+from codepool.common.result import ExecResult, cancelled, infra
 from codepool.common.retry import pause
 from codepool.common.settings import Settings
 from codepool.common.snippet import INPUT_KEYWORDS
 from codepool.common.wire import RUN_TAG_MAX_CHARS, WHOLE_BATCH, BatchJob, new_batch_id
+from codepool.producer.lease import ProducerLease, producer_name
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +90,9 @@ class CodePool:
         self.limits = limits or Limits()
         self.conn = redis_client(self.settings, block_s=POLL_BLOCK_S)
         self._queue = batch_queue(self.conn, self.settings)
-        self.janitor = Janitor(
-            self.conn, self.settings, name=f"producer:{socket.gethostname()}:{os.getpid()}"
-        )
+        self.name = producer_name()
+        self.janitor = Janitor(self.conn, self.settings, name=self.name)
+        self.lease = ProducerLease(self.conn, self.settings, name=self.name)
         self._live: int | None = None  # live hosts, as the last submit saw them
         # The next batch's id and first announcement, made on a thread of the pool's
         # once a batch's results are in (_want_spare): what RQ takes to make one is then
@@ -159,7 +162,9 @@ class CodePool:
                 self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
-        return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s)
+        if codes:
+            self.lease.submitted(batch_id, run)
+        return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s, run=run)
 
     def _want_spare(self) -> None:
         """Have the spare thread make the next batch's id and announcement, unless there
@@ -195,8 +200,14 @@ class CodePool:
         server lacks it, so a fresh Redis does not see the first batch announced twice
         (an announcement in a MULTI whose script was missing goes out regardless)."""
         settings = self.settings
-        store_keys = [self.keys.batch_state(batch_id), self.keys.hosts()]
+        store_keys = [
+            self.keys.batch_state(batch_id),
+            self.keys.hosts(),
+            self.keys.producers(),
+            self.keys.producer_batches(self.name),
+        ]
         store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
+        store_args += [self.name, batch_id]
         if self._live is None:
             self._live = int(submit_script(self.conn, store_keys, store_args))
             announce(
@@ -255,16 +266,19 @@ class CodePool:
             try:
                 reply = heartbeat_script(
                     self.conn,
-                    [self.keys.leases(), self.keys.hosts()],
+                    [self.keys.leases(), self.keys.hosts(), self.keys.producers()],
                     ["", self.settings.lease_s, "0", ""],
                 )
             except redis.RedisError:
                 self.janitor.in_contact(False)
                 self._watched = None
                 return None
-            live, lapsed = int(reply[1]), list(reply[2])
-            if self.janitor.in_contact(True) and lapsed:
+            live, lapsed, gone = int(reply[1]), list(reply[2]), list(reply[3])
+            trusted = self.janitor.in_contact(True)
+            if trusted and lapsed:
                 self.janitor.sweep(lapsed, live)
+            if trusted and gone:
+                self.janitor.abandon(gone)
             self._watched = live
             return live
 
@@ -282,8 +296,19 @@ class CodePool:
         return counters.metrics(self.counters(run))
 
     def close(self) -> None:
+        """Give up on the batches in flight (they are cancelled: nobody can collect them
+        from a closed pool), give the lease up and disconnect."""
+        if self._closed:
+            return
         self._closed = True
         self._spare_wanted.set()
+        for batch_id, run in self.lease.in_flight().items():
+            try:
+                cancel(self.conn, self.settings, batch_id, run=run, message=CLOSED_MESSAGE)
+            except redis.RedisError as exc:
+                log.warning("batch %s: could not cancel it on close: %s", batch_id, exc)
+            self.lease.through(batch_id)
+        self.lease.close()
         self.conn.close()
 
 
@@ -298,15 +323,21 @@ class Batch:
         limits: Limits,
         *,
         deadline_s: float | None = None,
+        run: str = "",
     ) -> None:
         self.pool = pool
         self.id = batch_id
         self.size = size
         self.limits = limits
+        self.run = run
         self.deadline_s = deadline_s if deadline_s is not None else self.default_deadline_s()
         self.submitted = time.monotonic()
         self.duplicates = 0  # done-list entries for an index already seen (should stay 0)
         self._results: dict[int, ExecResult] = {}
+        # Indices given up on here (cancel), and why: they come back cancelled even when
+        # Redis could not be told.
+        self._given_up: set[int] = set()
+        self._give_up_message = GAVE_UP_MESSAGE
 
     def __len__(self) -> int:
         return self.size
@@ -318,7 +349,9 @@ class Batch:
     def as_completed(self, timeout_s: float | None = None) -> Iterator[tuple[int, ExecResult]]:
         """Yield ``(index, result)`` as results arrive. What is missing when the batch's
         deadline or this call's own ``timeout_s`` passes, or after no dispatcher was
-        alive for ``settings.no_worker_wait_s``, comes back as infra."""
+        alive for ``settings.no_worker_wait_s``, comes back as infra; what was cancelled
+        (``cancel``, or its producer's lease lapsed) comes back with status
+        ``cancelled``."""
         pool = self.pool
         end = self.submitted + self.deadline_s
         if timeout_s is not None:
@@ -332,7 +365,14 @@ class Batch:
             now = time.monotonic()
             if now >= end:
                 break
-            if now >= watch_at:
+            # Only what was given up on is missing: one last look for what Redis has
+            # (the cancellations, or results written before them), then they are filled.
+            last_look = bool(self._given_up) and self._given_up.issuperset(
+                i for i in range(self.size) if i not in self._results
+            )
+            if last_look:
+                watch_at = end
+            elif now >= watch_at:
                 watch_at = now + POLL_BLOCK_S
                 live = pool.watch()
                 if live == 0:
@@ -347,10 +387,12 @@ class Batch:
                     if now - progress_at >= STALL_S:
                         progress_at = now
                         pool.nudge(self.id, self.size)
-            block_s = max(0.01, min(end, watch_at) - now)
+            block_s = 0.01 if last_look else max(0.01, min(end, watch_at) - now)
             try:
                 popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
             except redis.RedisError:
+                if last_look:
+                    break
                 # Redis restarting: wait a little and try again until the deadline.
                 pause(end, 0.5)
                 continue
@@ -358,6 +400,7 @@ class Batch:
             for entry in entries:
                 index, result = codec.decode_done_entry(cast(bytes, entry))
                 if index == WHOLE_BATCH:  # the worker could not use the batch at all
+                    pool.lease.through(self.id)
                     for missing in range(self.size):
                         if missing not in self._results:
                             self._results[missing] = result
@@ -374,6 +417,8 @@ class Batch:
                 self._results[index] = result
                 progress_at = time.monotonic()
                 yield index, result
+            if last_look:
+                break
             left = self.size - len(self._results)
             if entries and left > LINGER_UNTIL_LEFT:
                 # While results stream in, the next read waits for several: each read
@@ -382,11 +427,50 @@ class Batch:
                 # of a batch is not waited for.
                 pace_s = (time.monotonic() - self.submitted) / max(1, len(self._results))
                 time.sleep(min(pool.settings.collect_linger_s, left * pace_s))
+        pool.lease.through(self.id)
         pool._want_spare()  # nothing of this batch waits for it now
         for index in range(self.size):
             if index not in self._results:
-                self._results[index] = infra(message)
+                if index in self._given_up:
+                    self._results[index] = cancelled(self._give_up_message)
+                else:
+                    self._results[index] = infra(message)
                 yield index, self._results[index]
+
+    def cancel(self, indices: Iterable[int] | None = None, *, message: str = "") -> int:
+        """Give up on the whole batch (``indices`` None) or on some of its snippets. What
+        has no result yet is cancelled: a snippet not started never starts, a running
+        one is killed within about a second, neither is written nor counted but as
+        ``cancelled``; they come back from ``results``/``as_completed`` with status
+        ``cancelled`` (a result already written stays). Batch mates are not touched.
+        Returns how many snippets were cancelled. ConfigError for an index out of
+        range; RedisUnavailable if Redis could not be told (they still come back
+        cancelled here, and run on there).
+        """
+        chosen = None if indices is None else sorted(set(indices))
+        if chosen is not None and any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.size for i in chosen
+        ):
+            raise ConfigError(f"cancel: indices must be ints in [0, {self.size})")
+        message = message or GAVE_UP_MESSAGE
+        try:
+            count = cancel(
+                self.pool.conn, self.pool.settings, self.id, chosen, run=self.run, message=message
+            )
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"cannot cancel batch {self.id}: {exc}") from exc
+        finally:
+            # After Redis: a collector that sees only these missing takes one last look
+            # at the done list, where the cancellations are by then.
+            self._give_up_message = message
+            self._given_up.update(range(self.size) if chosen is None else chosen)
+            if chosen is None:
+                self.pool.lease.through(self.id)
+        return max(0, count)
+
+    async def acancel(self, indices: Iterable[int] | None = None, *, message: str = "") -> int:
+        """``cancel`` for async callers (runs in a thread; any event loop)."""
+        return await asyncio.to_thread(self.cancel, indices, message=message)
 
     def results(self, timeout_s: float | None = None) -> list[ExecResult]:
         """All results in input order; what is missing at the deadline is ``infra``."""
