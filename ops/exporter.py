@@ -79,6 +79,11 @@ class PoolCollector(Collector):
         for status in STATUSES:
             snippets.add_metric([status], totals[status])
         yield snippets
+        yield CounterMetricFamily(
+            "codepool_snippets_cancelled",
+            "Snippets given up on by their callers before they had a result",
+            value=totals["cancelled"],
+        )
         yield HistogramMetricFamily(
             "codepool_snippet_latency_seconds",
             "Snippet latency on the worker, hand-off to result",
