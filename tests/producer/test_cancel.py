@@ -89,12 +89,14 @@ def test_a_caller_giving_up_spoils_no_batch_mate(redis_url: str, start_worker: S
             blocker = asyncio.ensure_future(sandbox.arun_code("import time\ntime.sleep(0.2)"))
             while sandbox._in_flight == 0:
                 await asyncio.sleep(0.001)
-            given_up = asyncio.wait_for(
-                sandbox.arun_code("import time\ntime.sleep(0.4)\nprint('late')"), 0.1
+            # First in the batch: it would end (at 0.4 s) while its mates still wait.
+            late = asyncio.ensure_future(
+                sandbox.arun_code("import time\ntime.sleep(0.4)\nprint('late')")
             )
             mates = [
                 sandbox.arun_code(f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(7)
             ]
+            given_up = asyncio.wait_for(late, 0.1)
             return await asyncio.gather(given_up, *mates, blocker, return_exceptions=True)
 
         gave_up, *results, blocker = asyncio.run(main())
