@@ -38,8 +38,10 @@ import redis
 from redis.client import Pipeline
 
 # KEYS: state, hosts, then producers and producer_batches. ARGV: spec, n, run, reruns,
-# ttl_s, lease_s, then the producer ('' for none) and the batch id: the producer's lease
-# is renewed and the batch put in its set with the submit, no round trip of its own.
+# ttl_s, lease_s, then the producer ('' for none) and the batch id: the batch goes in the
+# producer's set with the submit, and the batch that makes the set non-empty takes the
+# producer's lease (its heartbeat renews it from then on, and gives it up once the set
+# is empty again): a producer with a batch in flight always holds a lease.
 # -> live hosts.
 SUBMIT = """
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
@@ -48,9 +50,11 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if ARGV[7] and ARGV[7] ~= '' then
-  redis.call('ZADD', KEYS[3], now, ARGV[7])
   redis.call('SADD', KEYS[4], ARGV[8])
-  redis.call('EXPIRE', KEYS[4], ARGV[5])
+  if redis.call('SCARD', KEYS[4]) == 1 then
+    redis.call('ZADD', KEYS[3], now, ARGV[7])
+    redis.call('EXPIRE', KEYS[4], ARGV[5])
+  end
 end
 return redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf')
 """

@@ -4,10 +4,11 @@ when it dies (kill -9, a lost node) a janitor (any live dispatcher, or another
 producer that waits) cancels them once its lease lapses: work nobody waits for does not
 run on.
 
-A submit renews the lease and adds its batch in the same script call (``ledger.SUBMIT``),
-so a busy producer pays nothing per batch for it; a thread renews it once per
-``heartbeat_s`` while batches are in flight, and takes the batches the producer is
-through with out of its set in the same call. With nothing in flight it sends nothing.
+A submit adds its batch to the set in the same script call (``ledger.SUBMIT``), and the
+first batch of a spell takes the lease there, so a producer pays no round trip per batch
+for it; a thread renews the lease once per ``heartbeat_s`` while batches are in flight,
+and takes the batches the producer is through with out of its set in the same call (the
+lease goes once the set is empty). With nothing in flight it sends nothing.
 """
 
 from __future__ import annotations
