@@ -146,6 +146,8 @@ class SupervisorClient:
             if found is None:
                 return False
             request_id, pending = found
+            if pending.cancelled:
+                return True  # asked already
             pending.cancelled = True
             sock, sent = self._sock, pending.generation == self._generation
         if sock is None or not sent:  # not on this connection: it is never sent again

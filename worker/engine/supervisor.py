@@ -115,6 +115,7 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.queue: collections.deque[Request] = collections.deque()
         self.running: dict[int, Child] = {}
+        self.dying: dict[int, Child] = {}  # cancelled and killed, not reaped yet
         self.warm_children = {kind: collections.deque[Child]() for kind in zygotes}
         self.cloning = {kind: collections.deque[Child]() for kind in zygotes}  # asked, no pid yet
         # One uid per slot: running ones plus the (up to two per zygote) waiting ones. Without a PID
@@ -243,9 +244,10 @@ class Supervisor:
         self.queue.append(Request(client, request_id, code, limits, now, kind, snippet))
 
     def _cancel(self, client: Client, request_id: int) -> None:
-        """The client gave up on a request: dropped if it waits, killed if it runs (its
-        slot frees at its exit); either way its result is a cancellation. Nothing to do
-        once its result went out."""
+        """The client gave up on a request: dropped if it waits, killed if it runs;
+        either way its result is a cancellation, sent at once. A killed child's slot is
+        free at once too: the next request starts while it dies (it runs nothing more),
+        not after the wake-up that reaps it. Nothing to do once its result went out."""
         for request in self.queue:
             if request.client is client and request.id == request_id:
                 self.queue.remove(request)
@@ -258,6 +260,8 @@ class Supervisor:
             if not child.reported:
                 child.cancelled, child.deadline = True, None
                 _kill(child.pid, group=not self.state.pidns)
+                self.dying[child.pid] = self.running.pop(child.pid)
+                self._report(child, -signal.SIGKILL, 0.0, 0, time.monotonic())
             return
 
     # -- children ------------------------------------------------------------------
@@ -353,6 +357,7 @@ class Supervisor:
         self._forget_notice(child)
         self._take_ready(child)  # "ready" and its fds, unless the notice read them
         child.sock.close()
+        self.dying.pop(child.pid, None)
         if self.running.pop(child.pid, None) is not None:
             # Its slot's next snippet starts before this one's result is read and sent,
             # so the CPU it frees is not left idle meanwhile.
@@ -470,7 +475,7 @@ class Supervisor:
             self.shutdown()
 
     def shutdown(self) -> None:
-        children = list(self.running.values())
+        children = [*self.running.values(), *self.dying.values()]
         children += [child for warm in self.warm_children.values() for child in warm]
         for child in children:
             _kill(child.pid, group=not self.state.pidns)
