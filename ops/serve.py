@@ -44,6 +44,8 @@ DEFAULT_MAX_IN_FLIGHT = 4096
 SLOTS_EVERY_S = 2.0
 # The header a client may state its own timeout in (seconds, the whole request).
 TIMEOUT_HEADER = "x-request-timeout"
+# Loop turns a request about to be refused waits for disconnects to be taken first.
+RECHECK_TURNS = 8
 
 
 class Service:
@@ -130,6 +132,12 @@ class Service:
             compile_s=call.compile_s,
         )
         refused = self.admission.admit(budget_s)
+        if refused is not None:
+            # Clients that left just before this request came may not be seen yet (each
+            # disconnect takes the loop a few turns): let it take them, then ask again.
+            for _ in range(RECHECK_TURNS):
+                await asyncio.sleep(0)
+            refused = self.admission.admit(budget_s)
         if refused is not None:
             raise HTTPException(
                 504,
