@@ -11,13 +11,14 @@ never starts and what runs is killed. Nothing here needs a worker: ``common`` co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
 
 from codepool.common import codec
 from codepool.common.ledger import cancel_script
+from codepool.common.queueing import withdraw_announcements
 from codepool.common.result import cancelled
 from codepool.common.settings import Settings
 from codepool.common.tally import count_hashes
@@ -39,10 +40,13 @@ def cancel(
     *,
     run: str,
     message: str = GAVE_UP_MESSAGE,
+    withdraw: Sequence[str] = (),
 ) -> int:
     """Cancel the whole batch (``indices`` None) or those of its indices that have no
     result yet; returns how many were newly cancelled (-1: the batch is gone). ``run``
-    is the batch's run tag (its counter hash). Raises redis.RedisError."""
+    is the batch's run tag (its counter hash). ``withdraw``: announcements (RQ job ids)
+    to take off the queue with it, in the same round trip, when nothing of the batch
+    is wanted any more. Raises redis.RedisError."""
     keys = settings.keys
     blob = codec.encode_result(cancelled(message))
     call_keys = [
@@ -66,7 +70,16 @@ def cancel(
         if not chosen:
             return 0
         args += chosen
-    return int(cancel_script(conn, call_keys, args))
+    if not withdraw:
+        return int(cancel_script(conn, call_keys, args))
+    with conn.pipeline(transaction=False) as pipe:
+        cancel_script.queue(pipe, call_keys, args)
+        withdraw_announcements(pipe, settings, withdraw)
+        try:
+            return int(pipe.execute()[0])
+        except redis.exceptions.NoScriptError:
+            cancel_script.load(conn)
+            return cancel(conn, settings, batch_id, indices, run=run, message=message)
 
 
 def parse_message(data: bytes | str) -> tuple[str, frozenset[int] | None] | None:

@@ -157,14 +157,23 @@ class CodePool:
             raise ConfigError(
                 f"batch of {len(spec)} bytes is over the limit of {self.settings.max_batch_bytes}"
             )
+        announced: list[str] = []
         try:
             if codes:
-                self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
+                announced = self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
         if codes:
             self.lease.submitted(batch_id, run)
-        return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s, run=run)
+        return Batch(
+            self,
+            batch_id,
+            len(codes),
+            effective,
+            deadline_s=deadline_s,
+            run=run,
+            announcements=tuple(announced),
+        )
 
     def _want_spare(self) -> None:
         """Have the spare thread make the next batch's id and announcement, unless there
@@ -194,11 +203,12 @@ class CodePool:
 
     def _store_and_announce(
         self, batch_id: str, spec: bytes, n: int, run: str, reruns: int, made: Job | None = None
-    ) -> None:
+    ) -> list[str]:
         """One round trip when the live host count is known (from the previous
         submit), two for a pool's first batch: that one also loads the script if the
         server lacks it, so a fresh Redis does not see the first batch announced twice
-        (an announcement in a MULTI whose script was missing goes out regardless)."""
+        (an announcement in a MULTI whose script was missing goes out regardless).
+        Returns the announcements' job ids."""
         settings = self.settings
         store_keys = [
             self.keys.batch_state(batch_id),
@@ -210,7 +220,7 @@ class CodePool:
         store_args += [self.name, batch_id]
         if self._live is None:
             self._live = int(submit_script(self.conn, store_keys, store_args))
-            announce(
+            return announce(
                 self._queue,
                 settings,
                 batch_id=batch_id,
@@ -218,13 +228,12 @@ class CodePool:
                 count=announcements_for(n, self._live),
                 made=made,
             )
-            return
         # One MULTI/EXEC (RQ turns a pipeline into one anyway): the batch is stored
         # before any dispatcher can see its announcement.
         with self.conn.pipeline(transaction=True) as pipe:
             pipe.multi()
             submit_script.queue(pipe, store_keys, store_args)
-            announce(
+            announced = announce(
                 self._queue,
                 settings,
                 batch_id=batch_id,
@@ -239,7 +248,8 @@ class CodePool:
                 # The announcement went out; store the batch and announce it again (a
                 # dispatcher that found no batch yet has let its announcement go).
                 self._live = int(submit_script(self.conn, store_keys, store_args))
-                announce(self._queue, settings, batch_id=batch_id, size=n)
+                announced += announce(self._queue, settings, batch_id=batch_id, size=n)
+        return announced
 
     def nudge(self, batch_id: str, size: int) -> bool:
         """Announce a batch once more if it has work nobody has claimed; True if it did.
@@ -324,12 +334,14 @@ class Batch:
         *,
         deadline_s: float | None = None,
         run: str = "",
+        announcements: tuple[str, ...] = (),
     ) -> None:
         self.pool = pool
         self.id = batch_id
         self.size = size
         self.limits = limits
         self.run = run
+        self.announcements = announcements  # its RQ jobs, made at submit
         self.deadline_s = deadline_s if deadline_s is not None else self.default_deadline_s()
         self.submitted = time.monotonic()
         self.duplicates = 0  # done-list entries for an index already seen (should stay 0)
@@ -453,9 +465,20 @@ class Batch:
         ):
             raise ConfigError(f"cancel: indices must be ints in [0, {self.size})")
         message = message or GAVE_UP_MESSAGE
+        # Once nothing of the batch is wanted, its announcements still queued go too: a
+        # dispatcher would take each, find nothing and end, and what comes after them
+        # on the queue (the next caller's batch) would wait for it.
+        wanted = {i for i in range(self.size) if i not in self._results}
+        wanted -= self._given_up.union(range(self.size) if chosen is None else chosen)
         try:
             count = cancel(
-                self.pool.conn, self.pool.settings, self.id, chosen, run=self.run, message=message
+                self.pool.conn,
+                self.pool.settings,
+                self.id,
+                chosen,
+                run=self.run,
+                message=message,
+                withdraw=() if wanted else self.announcements,
             )
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot cancel batch {self.id}: {exc}") from exc

@@ -15,9 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import redis
+from rq import Queue
+from rq.job import Job
 
 from codepool.common import codec
 from codepool.common.cancellation import CLOSED_MESSAGE, PRODUCER_LOST_MESSAGE
+from codepool.common.codec import MsgpackSerializer
 from codepool.common.settings import Settings
 from codepool.ops.processes import descendants
 from codepool.producer import CodePool, RemoteSandbox
@@ -217,3 +220,18 @@ def test_a_killed_producers_batch_is_cancelled_within_its_lease(
     got = counted(redis_url, "orphan")
     assert (got.get("calls", 0), got["cancelled"]) == (0, 6), got
     assert "lapsed; cancelled its 1 batches in flight" in worker.log()
+
+
+def test_a_batch_given_up_leaves_no_announcement_on_the_queue(redis_url: str) -> None:
+    # No worker: the announcements stay queued until the batch is given up on.
+    client = redis.Redis.from_url(redis_url)
+    queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
+    pool = CodePool(redis_url)
+    kept, dropped = pool.submit(["print(1)"] * 4), pool.submit(["print(2)"] * 4)
+    assert {job.rsplit("-", 1)[0] for job in queue.job_ids} == {kept.id, dropped.id}
+    assert kept.cancel([0, 1]) == 2  # some of it is still wanted: announced still
+    assert dropped.cancel([0, 1]) == 2 and dropped.cancel([2, 3]) == 2
+    assert {job.rsplit("-", 1)[0] for job in queue.job_ids} == {kept.id}
+    assert not any(client.exists(Job.key_for(job)) for job in dropped.announcements)
+    assert {r.status for r in dropped.results(timeout_s=5)} == {"cancelled"}
+    pool.close()
