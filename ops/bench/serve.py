@@ -36,7 +36,7 @@ from codepool.ops.serve_command import LISTENING
 
 BURST_TARGET_S = 5.0  # "within a few seconds"
 ABANDON_TARGET = 2.0  # lone p50 right after an abandon, over the idle lone p50
-SPINNER = {"code": "while True: pass", "language": "python", "run_timeout": 10}
+SPINNER: dict[str, Any] = {"code": "while True: pass", "language": "python", "run_timeout": 10}
 GIVE_UP_S = 3.0
 
 
