@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from codepool.common.result import LIMITS, STATUSES, ExecResult
+from codepool.common.result import CANCELLED, LIMITS, STATUSES, ExecResult
 
 # Latency histogram: one counter per bucket (not cumulative), so dashboards can show
 # percentiles from integer counters alone. Upper edges in ms; the last bucket is +Inf.
@@ -14,9 +14,12 @@ BUCKET_FIELDS = (*(f"latency_le_{ms}ms" for ms in LATENCY_BUCKETS_MS), "latency_
 ZYGOTE_FIELDS = ("zygote_bare", "zygote_light", "zygote_mid", "zygote_heavy")
 # Snippets each limit stopped (ExecResult.limit): limit_wall_time, limit_cpu_time, ...
 LIMIT_FIELDS = tuple(f"limit_{name}" for name in LIMITS)
+# ``cancelled``: snippets given up on before they had a result (``ledger.CANCEL`` counts
+# them); they are not ``calls``, so no rate below counts them as errors.
 FIELDS = (
     "calls",
     *STATUSES,
+    CANCELLED,
     "latency_us",
     "exec_us",
     "queue_us",
@@ -105,6 +108,7 @@ def metrics(counters: Mapping[str, int]) -> dict[str, float]:
     out = {f"sandbox/{status}": float(counters.get(status, 0)) for status in STATUSES}
     out.update({f"sandbox/{field}": float(counters.get(field, 0)) for field in LIMIT_FIELDS})
     out["sandbox/calls"] = float(calls)
+    out["sandbox/cancelled"] = float(counters.get(CANCELLED, 0))
     if calls == 0:
         out.update(
             {

@@ -1,6 +1,7 @@
 """Recovering a lapsed dispatcher's work: fence it, release what it had not finished,
 announce the released work, and tidy RQ's records of it. What it finished was counted
-when it was written (common/tally.py).
+when it was written (common/tally.py). A lapsed producer's batches are cancelled:
+nobody waits for them any more (common/cancellation.py).
 
 Any live dispatcher runs this from its heartbeat, and a producer while it waits, so a
 batch recovers whether or not its own producer is still there. Every step is idempotent:
@@ -20,8 +21,15 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.worker_registration import unregister
 
+from codepool.common.cancellation import PRODUCER_LOST_MESSAGE, cancel
 from codepool.common.codec import MsgpackSerializer
-from codepool.common.ledger import fence_script, forget_script, release_script, write_script
+from codepool.common.ledger import (
+    abandon_script,
+    fence_script,
+    forget_script,
+    release_script,
+    write_script,
+)
 from codepool.common.queueing import announce, announcements_for, batch_of_job, batch_queue
 from codepool.common.result import infra
 from codepool.common.settings import Settings
@@ -65,6 +73,42 @@ class Janitor:
             except redis.RedisError as exc:
                 log.warning("janitor %s: recovering %s failed: %s", self.name, owner, exc)
         return released
+
+    def abandon(self, lapsed: list[str]) -> int:
+        """Cancel the batches of each lapsed producer (``HEARTBEAT``'s fourth reply);
+        returns how many snippets were cancelled."""
+        keys, cancelled = self.keys, 0
+        for raw in lapsed:
+            producer = raw.decode() if isinstance(raw, bytes) else str(raw)
+            try:
+                batches = abandon_script(
+                    self.conn,
+                    [keys.producers(), keys.producer_batches(producer)],
+                    [producer, self.settings.lease_s],
+                )
+                for batch in batches:
+                    batch_id = batch.decode() if isinstance(batch, bytes) else str(batch)
+                    run = self.conn.hget(keys.batch_state(batch_id), "run")
+                    tag = run.decode() if isinstance(run, bytes) else ""
+                    count = cancel(
+                        self.conn,
+                        self.settings,
+                        batch_id,
+                        run=tag,
+                        message=PRODUCER_LOST_MESSAGE,
+                    )
+                    cancelled += max(0, count)
+            except redis.RedisError as exc:
+                log.warning("janitor %s: abandoning %s failed: %s", self.name, producer, exc)
+                continue
+            if batches:
+                log.warning(
+                    "janitor %s: producer %s lapsed; cancelled its %d batches in flight",
+                    self.name,
+                    producer,
+                    len(batches),
+                )
+        return cancelled
 
     def recover(self, owner: str, live: int) -> int:
         keys = self.keys

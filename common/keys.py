@@ -15,7 +15,8 @@ class Keys:
     prefix: str = DEFAULT_PREFIX
 
     def batch_results(self, batch_id: str) -> str:
-        """Hash: snippet index -> msgpack ExecResult, first write wins."""
+        """Hash: snippet index -> msgpack ExecResult, first write wins (a cancelled
+        index holds its cancellation, status ``cancelled``)."""
         return f"{self.prefix}batch:{batch_id}:results"
 
     def batch_done(self, batch_id: str) -> str:
@@ -25,8 +26,8 @@ class Keys:
     def batch_state(self, batch_id: str) -> str:
         """Hash: the batch as submitted (``spec``, ``n``, ``run``, ``reruns``), the next
         unclaimed index (``next``), the claims (``c:{id}`` -> ``owner|indices``), how
-        many released indices wait (``retry``), and per re-run index its lapses
-        (``r{i}``)."""
+        many released indices wait (``retry``), per re-run index its lapses
+        (``r{i}``), and how many of its indices were cancelled (``cancelled``)."""
         return f"{self.prefix}batch:{batch_id}:state"
 
     def batch_retry(self, batch_id: str) -> str:
@@ -51,6 +52,21 @@ class Keys:
     def owner_batches(self, owner: str) -> str:
         """Set: the batches a dispatcher has claimed work in."""
         return f"{self.prefix}owner:{owner}:batches"
+
+    def producers(self) -> str:
+        """Sorted set: producer -> last heartbeat (Redis server time, s), while it has
+        batches in flight: a producer silent for a lease has its batches cancelled."""
+        return f"{self.prefix}producers"
+
+    def producer_batches(self, producer: str) -> str:
+        """Set: the batches a producer has in flight (submitted, not all collected)."""
+        return f"{self.prefix}producer:{producer}:batches"
+
+    def cancel_channel(self, dispatcher: str) -> str:
+        """Pub/sub channel: ``{batch_id}|all`` or ``{batch_id}|i,j,...`` for every
+        cancellation in a batch the dispatcher holds claims in (``ledger.CANCEL``
+        publishes it; ``dispatcher=""`` gives the prefix the script appends to)."""
+        return f"{self.prefix}cancel:{dispatcher}"
 
     def stats(self) -> str:
         """Hash: cluster-wide counters."""

@@ -22,6 +22,12 @@ work waits: a dispatcher joins the open batches its host is not on before it fir
 waits on the queue, so a host that was not live when a batch was announced (a cold
 fleet, a host that joins) still takes a share.
 
+A caller that gives up cancels indices (``CANCEL``): each is given the cancellation as
+its result, first write wins like any result, so it is counted once either way and a
+cancelled index is never claimed nor written again; the dispatchers holding claims in
+the batch hear of it on their channels. Producers hold leases too, while they have
+batches in flight (``producers``): a lapsed producer's batches are cancelled.
+
 Everything that must be atomic is a Lua script here; results cost one EVALSHA per write
 of many (the result writer gathers them), a claim one per run of indices.
 """
@@ -37,9 +43,14 @@ from redis.client import Pipeline
 
 from codepool.common.queueing import MIN_SHARE
 
-# KEYS: state, hosts, open. ARGV: spec, n, run, reruns, ttl_s, lease_s, batch_id.
-# -> live hosts. A batch of more than MIN_SHARE snippets is open (others could share it)
-# until its last index is claimed; entries older than the batch TTL go on the way.
+# KEYS: state, hosts, open, then producers and producer_batches. ARGV: spec, n, run,
+# reruns, ttl_s, lease_s, batch_id, then the producer ('' for none).
+# A batch of more than MIN_SHARE snippets is open (others could share it) until its last
+# index is claimed; entries older than the batch TTL go on the way. The batch goes in the
+# producer's set with the submit, and the batch that makes the set non-empty takes the
+# producer's lease (its heartbeat renews it from then on, and gives it up once the set is
+# empty again): a producer with a batch in flight always holds a lease.
+# -> live hosts.
 SUBMIT = """
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
            'reruns', ARGV[4])
@@ -50,10 +61,17 @@ if tonumber(ARGV[2]) > MIN_SHARE then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - ARGV[5])
   redis.call('ZADD', KEYS[3], now, ARGV[7])
 end
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('SADD', KEYS[5], ARGV[7])
+  if redis.call('SCARD', KEYS[5]) == 1 then
+    redis.call('ZADD', KEYS[4], now, ARGV[8])
+    redis.call('EXPIRE', KEYS[5], ARGV[5])
+  end
+end
 return redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf')
 """.replace("MIN_SHARE", str(MIN_SHARE))
 
-# KEYS: state, retry, leases, owner_batches, open.
+# KEYS: state, retry, leases, owner_batches, open, results.
 # ARGV: owner, batch_id, min_k, max_k, lease_s, need_spec ('1' on a dispatcher's first
 # claim in this batch: returns the batch record too), the owner's host's dispatchers.
 # -> {-2} fenced owner; {-1} no such batch; {0, '', spec} nothing left to claim;
@@ -65,7 +83,7 @@ return redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf')
 # steal a share), at least what the claimer has room for, at most max_k (what the
 # claimer finishes in about a second at its pace so far: hosts that join later find
 # work left). The last claim closes the batch (out of ``open``).
-CLAIM = """
+_CLAIM_RUN = """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if (not score) or tonumber(score) == 0 then return {-2} end
 local st = redis.call('HMGET', KEYS[1], 'n', 'next', 'retry')
@@ -108,6 +126,36 @@ if last == 1 and n > MIN_SHARE then redis.call('ZREM', KEYS[5], ARGV[2]) end
 return {'f' .. nxt, claim, spec, last}
 """.replace("MIN_SHARE", str(MIN_SHARE))
 
+# KEYS[6]: results. Once a batch has cancelled indices (ledger.CANCEL: their result is
+# the cancellation), a claim and its record leave them out ("i,j" form; '' when nothing
+# of it is left to run, and no record); a batch without any costs one HGET a claim.
+CLAIM = (
+    "local function claim()\n"
+    + _CLAIM_RUN
+    + """end
+local reply = claim()
+if reply[4] == nil or not KEYS[6] then return reply end
+if tonumber(redis.call('HGET', KEYS[1], 'cancelled') or '0') <= 0 then return reply end
+local kept = {}
+local function keep(i)
+  if redis.call('HEXISTS', KEYS[6], i) == 0 then kept[#kept + 1] = i end
+end
+local a, b = string.match(reply[2], '^(%d+)-(%d+)$')
+if a then
+  for i = tonumber(a), tonumber(b) do keep(i) end
+else
+  for i in string.gmatch(reply[2], '%d+') do keep(tonumber(i)) end
+end
+reply[2] = table.concat(kept, ',')
+if #kept == 0 then
+  redis.call('HDEL', KEYS[1], 'c:' .. reply[1])
+else
+  redis.call('HSET', KEYS[1], 'c:' .. reply[1], ARGV[1] .. '|' .. reply[2])
+end
+return reply
+"""
+)
+
 # KEYS: results, done, then the counter hashes (the minute hash second among them, so
 # KEYS[4]). ARGV: ttl_s, minute_ttl_s, then ten per result: index, result, done entry,
 # status, latency_us, exec_us, queue_us, latency bucket field, zygote field and limit
@@ -149,10 +197,11 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
 """
 
-# KEYS: leases, hosts. ARGV: owner ('' to only watch), lease_s, first ('1' on the first
-# beat), the owner's host. Renews the owner's lease and its host's (worker hosts forget
-# hosts silent for an hour: killed, never back).
-# -> {1, live hosts, lapsed owners} or {-1} when the owner was fenced or forgotten meanwhile.
+# KEYS: leases, hosts, then producers. ARGV: owner ('' to only watch), lease_s, first
+# ('1' on the first beat), the owner's host. Renews the owner's lease and its host's
+# (worker hosts forget hosts silent for an hour: killed, never back).
+# -> {1, live hosts, lapsed owners, lapsed producers} or {-1} when the owner was fenced or
+# forgotten meanwhile.
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -164,7 +213,11 @@ if ARGV[1] ~= '' then
 end
 local live = redis.call('ZCOUNT', KEYS[2], now - ARGV[2], '+inf')
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], 0, now - ARGV[2], 'LIMIT', 0, 16)
-return {1, live, lapsed}
+local gone = {}
+if KEYS[3] then
+  gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - ARGV[2], 'LIMIT', 0, 16)
+end
+return {1, live, lapsed, gone}
 """
 
 # KEYS: leases. ARGV: owner, lease_s. -> 1 if the owner is fenced now (or already was).
@@ -240,6 +293,106 @@ return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4
 """.replace("MIN_SHARE", str(MIN_SHARE))
 
 
+# KEYS: state, results, done, retry, then the counter hashes (the minute hash second
+# among them, so KEYS[6]). ARGV: ttl_s, minute_ttl_s, the cancellation's result (an
+# encoded ExecResult of status ``cancelled``), the same as msgpack bin (the done entry's
+# tail), the batch id, the channel prefix (Keys.cancel_channel('')), 'all' (the whole
+# batch) or '', then the indices to cancel.
+# Cancelling writes the cancellation as the index's result, with HSETNX like any result
+# (first write wins): an index that has a result keeps it, one that is cancelled never
+# gets another (WRITE's HSETNX finds it taken and counts nothing), so every index is
+# counted once, as ``calls`` (and its status) or as ``cancelled``. Each new one is pushed
+# to the done list (a producer blocked on it wakes, and a batch mate's collector skips
+# it), the batch's ``cancelled`` count makes CLAIM leave them out, and every dispatcher
+# holding claims in the batch hears ``{batch_id}|all`` or ``{batch_id}|i,j`` on its
+# channel, to drop what it has not started and kill what runs. The whole batch also has
+# nothing left to claim (``next`` = n, no released index waits).
+# -> how many indices were newly cancelled; -1 when the batch is gone.
+CANCEL = """
+local st = redis.call('HMGET', KEYS[1], 'n')
+if not st[1] then return -1 end
+local n = tonumber(st[1])
+local whole = ARGV[7] == 'all'
+local chosen = {}
+if whole then
+  for i = 0, n - 1 do chosen[#chosen + 1] = i end
+  redis.call('HSET', KEYS[1], 'next', n, 'retry', 0)
+  redis.call('DEL', KEYS[4])
+else
+  for a = 8, #ARGV do
+    local i = tonumber(ARGV[a])
+    if i and i >= 0 and i < n then chosen[#chosen + 1] = i end
+  end
+end
+local function packint(i)
+  if i < 128 then return string.char(i) end
+  if i < 256 then return '\\204' .. string.char(i) end
+  if i < 65536 then return '\\205' .. string.char(math.floor(i / 256), i % 256) end
+  return '\\206' .. string.char(math.floor(i / 16777216) % 256, math.floor(i / 65536) % 256,
+                                 math.floor(i / 256) % 256, i % 256)
+end
+local newly, pushed = {}, {}
+for _, i in ipairs(chosen) do
+  if redis.call('HSETNX', KEYS[2], i, ARGV[3]) == 1 then
+    newly[#newly + 1] = i
+    pushed[#pushed + 1] = '\\146' .. packint(i) .. ARGV[4]
+  end
+end
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+if #newly == 0 then return 0 end
+for p = 1, #pushed, 1000 do
+  redis.call('RPUSH', KEYS[3], unpack(pushed, p, math.min(p + 999, #pushed)))
+end
+redis.call('EXPIRE', KEYS[3], ARGV[1])
+for k = 5, #KEYS do redis.call('HINCRBY', KEYS[k], 'cancelled', #newly) end
+redis.call('EXPIRE', KEYS[6], ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'cancelled', #newly)
+local message = ARGV[5] .. '|' .. (whole and 'all' or table.concat(newly, ','))
+local owners, cursor = {}, '0'
+repeat
+  local page = redis.call('HSCAN', KEYS[1], cursor, 'MATCH', 'c:*', 'COUNT', 1000)
+  cursor = page[1]
+  for p = 2, #page[2], 2 do
+    local owner = string.match(page[2][p], '^(.*)|[^|]*$')
+    if owner and not owners[owner] then
+      owners[owner] = true
+      redis.call('PUBLISH', ARGV[6] .. owner, message)
+    end
+  end
+until cursor == '0'
+return #newly
+"""
+
+# KEYS: producers, producer_batches. ARGV: producer, ttl_s, then batches it is through
+# with. Renews a producer's lease while it has batches in flight and forgets it once it
+# has none (a submit, which renews the lease too, may put one in meanwhile: then it stays).
+PRODUCER_BEAT = """
+if #ARGV > 2 then redis.call('SREM', KEYS[2], unpack(ARGV, 3, #ARGV)) end
+if redis.call('SCARD', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 0
+end
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(t[2]) / 1e6, ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS: producers, producer_batches. ARGV: producer, lease_s. Takes a lapsed producer's
+# batches for a janitor to cancel (one janitor gets them).
+# -> its batches in flight ({} when it is not lapsed, or another janitor took them).
+ABANDON = """
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s then return {} end
+local t = redis.call('TIME')
+if tonumber(s) > tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[2] then return {} end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local batches = redis.call('SMEMBERS', KEYS[2])
+redis.call('DEL', KEYS[2])
+return batches
+"""
+
+
 class Script:
     """A Lua script called by SHA, loaded again if the server forgot it (a restart)."""
 
@@ -269,6 +422,9 @@ heartbeat_script = Script(HEARTBEAT)
 fence_script = Script(FENCE)
 forget_script = Script(FORGET)
 release_script = Script(RELEASE)
+cancel_script = Script(CANCEL)
+producer_beat_script = Script(PRODUCER_BEAT)
+abandon_script = Script(ABANDON)
 
 
 def parse_indices(claim: str) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Sequence
 
 import redis
 from redis.client import Pipeline
@@ -81,6 +82,16 @@ def announce(
         pipe.execute()
         pipe.reset()
     return [job.id for job in jobs]
+
+
+def withdraw_announcements(pipe: Pipeline, settings: Settings, job_ids: Sequence[str]) -> None:
+    """Take announcements off the queue and drop their job hashes (on ``pipe``): a
+    cancelled batch's, so the dispatchers do not take them one by one to find nothing.
+    One a dispatcher took already is not touched by the LREM (and finds nothing)."""
+    queue_key = Queue.redis_queue_namespace_prefix + settings.queue
+    for job_id in job_ids:
+        pipe.lrem(queue_key, 1, job_id)
+        pipe.delete(Job.key_for(job_id))
 
 
 def batch_of_job(job_id: str) -> str:

@@ -12,6 +12,9 @@ STATUSES = ("ok", "error", "timeout", "memory", "signal", "rejected", "infra")
 # (max_output_chars: it cuts what is kept and never stops the snippet), file size
 # (max_file_mb) and the process cap (max_procs). See worker/engine/outcome.py.
 LIMITS = ("wall_time", "cpu_time", "memory", "output", "file_size", "processes")
+# A snippet its caller gave up on (Batch.cancel, a cancelled arun_code, a closed sandbox,
+# a lapsed producer): it has no result of its own and is counted apart from ``calls``.
+CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +87,9 @@ def rejected(message: str, *, latency: float = 0.0, worker: str = "") -> ExecRes
 def infra(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
     """A result for a snippet codepool could not run (executor or queue fault)."""
     return not_run("infra", message, latency=latency, worker=worker)
+
+
+def cancelled(message: str, *, latency: float = 0.0, worker: str = "") -> ExecResult:
+    """What stands for a snippet its caller gave up on: it did not run to its end (or at
+    all), and what it would have printed is gone."""
+    return not_run(CANCELLED, message, latency=latency, worker=worker)

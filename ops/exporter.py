@@ -87,6 +87,11 @@ class PoolCollector(Collector):
         for name in LIMITS:
             limits.add_metric([name], totals[f"limit_{name}"])
         yield limits
+        yield CounterMetricFamily(
+            "codepool_snippets_cancelled",
+            "Snippets given up on by their callers before they had a result",
+            value=totals["cancelled"],
+        )
         yield HistogramMetricFamily(
             "codepool_snippet_latency_seconds",
             "Snippet latency on the worker, hand-off to result",

@@ -60,7 +60,8 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
     channel = PUBSUB_CHANNEL_TEMPLATE % PROBE_ID
     result_stream = str(Result.get_key(PROBE_ID))  # type: ignore[no-untyped-call]
     return [
-        # codepool: result writer (and its counting), leases and claims, heartbeat, producer.
+        # codepool: result writer (and its counting), leases and claims, heartbeat, producer,
+        # cancellation (its script publishes to the dispatchers' channels).
         ("SCRIPT", "LOAD", "return 1"),
         ("TIME",),
         ("ZRANGEBYSCORE", keys.leases(), "0", "1", "LIMIT", "0", "1"),
@@ -70,6 +71,10 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
         ("HMGET", keys.batch_state(PROBE_ID), "n", "next"),
         ("LPOP", keys.batch_retry(PROBE_ID), "1"),
         ("SMEMBERS", keys.owner_batches(PROBE_ID)),
+        ("HSCAN", keys.batch_state(PROBE_ID), "0", "MATCH", "c:*"),
+        ("ZADD", keys.producers(), "0", PROBE_ID),
+        ("PUBLISH", keys.cancel_channel(PROBE_ID), "x|all"),
+        ("SUBSCRIBE", keys.cancel_channel(PROBE_ID)),
         ("EVALSHA", PROBE_SHA, "2", results, done, "0", "result", "entry"),
         ("HSETNX", results, "0", "result"),
         ("RPUSH", done, "entry"),

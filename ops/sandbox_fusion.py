@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from codepool.common.errors import ConfigError
-from codepool.common.result import ExecResult
+from codepool.common.result import CANCELLED, ExecResult
 from codepool.common.snippet import Snippet
 
 LANGUAGES = ("python",)
+# Results codepool could not produce: answered SandboxError.
+NOT_RUN = ("infra", "rejected", CANCELLED)
 KERNELS = ("python3",)
 DEFAULT_RUN_TIMEOUT_S = 10.0  # SandboxFusion's defaults
+DEFAULT_COMPILE_TIMEOUT_S = 10.0
 DEFAULT_TOTAL_TIMEOUT_S = 45.0
 
 
@@ -43,11 +46,14 @@ class BadRequest(Exception):
 @dataclass(frozen=True)
 class Call:
     """What a request asks to run: the snippet and its Limits overrides; or, for a
-    language codepool does not run, the SandboxError to answer at once."""
+    language codepool does not run, the SandboxError to answer at once. ``compile_s``:
+    its compile budget (SandboxFusion's ``compile_timeout``), which a Python snippet
+    spends waiting for a slot, if anything (ops/admission.py)."""
 
     snippet: Snippet | None
     limits: dict[str, Any]
     refusal: str = ""
+    compile_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
 def run_code_call(body: Any) -> Call:
@@ -57,12 +63,16 @@ def run_code_call(body: Any) -> Call:
     language = _field(fields, "language", str, required=True)
     if language not in LANGUAGES:
         return Call(None, {}, refusal=_unsupported("language", language, LANGUAGES))
-    _field(fields, "compile_timeout", (int, float))  # read, and ignored: nothing compiles
+    # Nothing compiles: the compile budget is what the request may wait for a slot (0 or
+    # less: SandboxFusion's default).
+    compile_s = _field(fields, "compile_timeout", (int, float))
+    if compile_s is None or not math.isfinite(compile_s) or compile_s <= 0:
+        compile_s = DEFAULT_COMPILE_TIMEOUT_S
     limits = {"timeout_s": _seconds(fields, "run_timeout", DEFAULT_RUN_TIMEOUT_S)}
     limits.update(_memory(fields))
     stdin = _field(fields, "stdin", str)
     snippet = _snippet(fields, code=code, stdin=stdin)
-    return Call(snippet, limits)
+    return Call(snippet, limits, compile_s=float(compile_s))
 
 
 def run_jupyter_call(body: Any) -> Call:
@@ -85,7 +95,7 @@ def run_jupyter_call(body: Any) -> Call:
 
 def run_code_response(result: ExecResult) -> dict[str, Any]:
     """SandboxFusion's RunCodeResponse for ``result``."""
-    if result.status in ("infra", "rejected"):
+    if result.status in NOT_RUN:
         return _sandbox_error(result.stderr)
     failed = result.timed_out or result.returncode != 0
     return {
@@ -102,7 +112,7 @@ def run_code_response(result: ExecResult) -> dict[str, Any]:
 def run_jupyter_response(result: ExecResult) -> dict[str, Any]:
     """SandboxFusion's RunJupyterResponse for ``result`` (cells that ran, even when the
     whole ran out of time)."""
-    if result.status in ("infra", "rejected"):
+    if result.status in NOT_RUN:
         return {**_sandbox_error(result.stderr), "driver": None, "cells": []}
     finished = not result.timed_out and result.returncode == 0
     return {

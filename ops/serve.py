@@ -6,10 +6,13 @@ Starlette (an ASGI toolkit without a validation framework of its own: the reques
 models are SandboxFusion's and live in ops/sandbox_fusion.py) on uvicorn. Bounded by
 design: a request body over ``max_body_bytes`` is refused while it is read, and at most
 ``max_in_flight`` requests wait on the pool at once (more get 503 and a reason), so
-thousands of clients cost bounded memory. Every refusal is a 4xx/503 with a JSON
-``{"detail": reason}``; nothing a client sends makes a 500. A server that stops drains:
-calls already waiting on the pool may finish until ``give_up``, then get a 503 (retry
-elsewhere) rather than a dropped connection.
+thousands of clients cost bounded memory. A request that cannot start within its own
+budget gets 504 and ``Retry-After`` at once (ops/admission.py), and a client that
+disconnects takes its work with it: its call is cancelled (common/cancellation.py).
+Every refusal is a 4xx/503/504 with a JSON ``{"detail": reason}``; nothing a client
+sends makes a 500. A server that stops drains: calls already waiting on the pool may
+finish until ``give_up``, then get a 503 (retry elsewhere) rather than a dropped
+connection.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import hmac
 import json
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
@@ -33,6 +37,7 @@ from starlette.routing import Route
 from codepool.common.errors import CodepoolError
 from codepool.common.result import ExecResult
 from codepool.ops import sandbox_fusion
+from codepool.ops.admission import Admission, pool_slots, retry_after_s, start_budget_s
 from codepool.ops.sandbox_fusion import BadRequest, Call
 from codepool.producer.sandbox import RemoteSandbox
 
@@ -42,6 +47,12 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 DEFAULT_MAX_IN_FLIGHT = 4096
 STOPPING = "codepool serve is stopping; retry on another server or once it is back"
 GAVE_UP = "codepool serve stopped before this call finished; retry it"
+# The pool's slots are looked up again at most this often (seconds).
+SLOTS_EVERY_S = 2.0
+# The header a client may state its own timeout in (seconds, the whole request).
+TIMEOUT_HEADER = "x-request-timeout"
+# Loop turns a request about to be refused waits for disconnects to be taken first.
+RECHECK_TURNS = 8
 
 
 class Service:
@@ -73,6 +84,35 @@ class Service:
         self.draining = self._gave_up = True
         for task in list(self._waiting):
             task.cancel()
+        self.admission = Admission()
+        self._slots_at = -1e9
+        self._slots_task: asyncio.Task[None] | None = None
+
+    def refresh_slots(self) -> None:
+        """Look the pool's slots up (blocking; serve calls it once before it listens)."""
+        self._slots_at = time.monotonic()
+        pool = self.sandbox.pool
+        try:
+            self.admission.set_slots(pool_slots(pool.conn, pool.settings))
+        except Exception as exc:  # a guess that is off only delays an early answer
+            log.warning("could not look up the pool's slots: %s", exc)
+
+    def _look_at_slots(self) -> None:
+        """Have the pool's slots looked up again, off the request's path."""
+        if time.monotonic() - self._slots_at < SLOTS_EVERY_S:
+            return
+        if self._slots_task is None or self._slots_task.done():
+            self._slots_at = time.monotonic()
+            self._slots_task = asyncio.ensure_future(self._refresh_slots())
+
+    async def _refresh_slots(self) -> None:
+        pool = self.sandbox.pool
+        try:
+            slots = await asyncio.to_thread(pool_slots, pool.conn, pool.settings)
+        except Exception as exc:  # a guess that is off only delays an early answer
+            log.warning("could not look up the pool's slots: %s", exc)
+            return
+        self.admission.set_slots(slots)
 
     def authorize(self, request: Request) -> None:
         if self.token is None:
@@ -97,17 +137,57 @@ class Service:
         except (ValueError, UnicodeDecodeError) as exc:
             raise HTTPException(400, f"the body is not JSON: {exc}") from None
 
-    async def run(self, call: Call) -> ExecResult:
+    async def run(self, call: Call, request: Request) -> ExecResult | None:
+        """The call's result; None if its client left first (the call is cancelled)."""
         if self.draining:
             raise HTTPException(503, STOPPING)
         if self.in_flight >= self.max_in_flight:
-            raise HTTPException(503, f"busy: {self.in_flight} requests in flight; retry later")
+            raise HTTPException(
+                503,
+                f"busy: {self.in_flight} requests in flight; retry later",
+                headers={"Retry-After": "1"},
+            )
+        self._look_at_slots()
+        budget_s = start_budget_s(
+            header=request.headers.get(TIMEOUT_HEADER),
+            timeout_s=float(call.limits["timeout_s"]),
+            compile_s=call.compile_s,
+        )
+        refused = self.admission.admit(budget_s)
+        if refused is not None:
+            # Clients that left just before this request came may not be seen yet (each
+            # disconnect takes the loop a few turns): let it take them, then ask again.
+            for _ in range(RECHECK_TURNS):
+                await asyncio.sleep(0)
+            refused = self.admission.admit(budget_s)
+        if refused is not None:
+            raise HTTPException(
+                504,
+                f"busy: this request would wait about {refused:.1f} s for a slot, over its "
+                f"budget of {budget_s:.1f} s (its compile_timeout, or {TIMEOUT_HEADER} less "
+                "its run_timeout); retry later",
+                headers={"Retry-After": str(retry_after_s(refused))},
+            )
         self.in_flight += 1
+        ran = False
         task = asyncio.current_task()
         if task is not None:
             self._waiting.add(task)
         try:
-            return await self.sandbox.arun_code(call.snippet, **call.limits)
+            work = asyncio.ensure_future(self.sandbox.arun_code(call.snippet, **call.limits))
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                left = not work.done()
+                if left:  # the client left (or serve stops): nobody waits for it
+                    work.cancel()
+            if left:
+                return None
+            result = work.result()
+            ran = True
+            return result
         except CodepoolError as exc:  # the sandbox refused the call's limits, say
             raise HTTPException(422, str(exc)) from None
         except asyncio.CancelledError:
@@ -118,8 +198,15 @@ class Service:
             raise
         finally:
             self.in_flight -= 1
+            self.admission.answered(ran=ran)
             if task is not None:
                 self._waiting.discard(task)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (its body is read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_app(service: Service) -> Starlette:
@@ -141,13 +228,15 @@ def build_app(service: Service) -> Starlette:
             if call.snippet is None:
                 return JSONResponse(sandbox_fusion.refusal_response(call.refusal, jupyter=jupyter))
             try:
-                result = await service.run(call)
+                result = await service.run(call, request)
             except HTTPException:
                 raise
             except Exception as exc:  # the pool's own fault: the client sees SandboxError
                 log.exception("request failed inside codepool")
                 message = f"codepool: internal error: {type(exc).__name__}: {exc}"
                 return JSONResponse(sandbox_fusion.refusal_response(message, jupyter=jupyter))
+            if result is None:  # nobody to answer: the client left, its call was cancelled
+                return Response(status_code=499)
             return JSONResponse(respond(result))
 
         return handle
@@ -158,12 +247,20 @@ def build_app(service: Service) -> Starlette:
     async def health(request: Request) -> Response:
         service.authorize(request)
         live = await asyncio.to_thread(service.sandbox.pool.watch)
-        body = {"ok": bool(live), "live_dispatchers": live, "in_flight": service.in_flight}
+        body = {
+            "ok": bool(live),
+            "live_dispatchers": live,
+            "in_flight": service.in_flight,
+            "slots": service.admission.slots,
+            "start_wait_s": round(service.admission.wait_s(), 3),
+        }
         return JSONResponse(body, status_code=200 if live else 503)
 
     async def refuse(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        return JSONResponse(
+            {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
 
     routes = [
         Route(

@@ -143,6 +143,7 @@ def serve_command(args: argparse.Namespace) -> int:
                 max_body_bytes=int(args.max_body_mb * (1 << 20)),
                 max_in_flight=args.max_in_flight,
             )
+            service.refresh_slots()
             host, port = listener.getsockname()[:2]
             print(LISTENING_LINE.format(host=host, port=port), flush=True)
             drain_s = max(0.0, args.drain_s - (STOP_S if embedded else 0.0))

@@ -150,7 +150,8 @@ def render(snap: Snapshot) -> str:
     stale = len(snap["workers"]) - snap["workers_alive"]
     lines = [
         f"codepool stats - {snap['scope']} - {stamp}",
-        f"calls    {totals['calls']}   {shares}",
+        f"calls    {totals['calls']}   {shares}"
+        + (f"   (cancelled {totals['cancelled']}, not calls)" if totals["cancelled"] else ""),
         f"limits   {reached or 'none reached'}",
         f"rate     {snap['calls_last_minute']} calls last minute, "
         f"{snap['calls_this_minute']} this minute ({snap['minute_elapsed_s']:.0f} s in)"

@@ -12,6 +12,9 @@ it; one dispatcher of each claims runs of its indices (see ``common/ledger.py``)
 Results are collected from the batch's done list (BLMPOP, many per call). While it
 waits, the producer also watches the dispatchers' leases: it recovers the work of a
 lapsed one (like any live dispatcher would), and says so when no dispatcher is alive.
+A producer with batches in flight holds a lease of its own (producer/lease.py): if it
+dies, its batches are cancelled. ``Batch`` (producer/batch.py) collects a batch and
+gives up on it; closing the pool gives up on what is in flight.
 """
 
 from __future__ import annotations
@@ -19,46 +22,34 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 from rq.job import Job
 
-from codepool.common import codec, counters
+from codepool.common import counters
+from codepool.common.cancellation import CLOSED_MESSAGE, cancel
 from codepool.common.connection import redis_client
 from codepool.common.errors import ConfigError, RedisUnavailable
 from codepool.common.janitor import Janitor
 from codepool.common.ledger import heartbeat_script, submit_script
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, announcement, announcements_for, batch_queue
-from codepool.common.result import ExecResult, infra
-from codepool.common.retry import pause
 from codepool.common.settings import Settings
 from codepool.common.snippet import INPUT_KEYWORDS
-from codepool.common.wire import RUN_TAG_MAX_CHARS, WHOLE_BATCH, BatchJob, new_batch_id
+from codepool.common.wire import RUN_TAG_MAX_CHARS, BatchJob, new_batch_id
+from codepool.producer.batch import POLL_BLOCK_S, Batch
+from codepool.producer.lease import ProducerLease, producer_name
+
+__all__ = ["Batch", "CodePool"]  # Batch lives in producer/batch.py
 
 log = logging.getLogger(__name__)
 
-# How long one blocking read waits before the leases are looked at again.
-POLL_BLOCK_S = 1.0
-# No result for this long while dispatchers live: announce the batch again if it still
-# has unclaimed work (an announcement lost, say, with a Redis that failed over).
-STALL_S = 10.0
-# No lingering once this few results are missing: the end of a batch comes at once.
-LINGER_UNTIL_LEFT = 8
 # Distinct (defaults, overrides) pairs whose Limits are remembered.
 LIMITS_CACHED = 64
-DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
-CLOSED_MESSAGE = "codepool: the pool was closed before this result came"
-NO_WORKER_MESSAGE = (
-    "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
-    "in Redis); is `codepool worker` running and pointed at this Redis?"
-)
 
 
 @functools.lru_cache(maxsize=LIMITS_CACHED)
@@ -88,9 +79,9 @@ class CodePool:
         self.limits = limits or Limits()
         self.conn = redis_client(self.settings, block_s=POLL_BLOCK_S)
         self._queue = batch_queue(self.conn, self.settings)
-        self.janitor = Janitor(
-            self.conn, self.settings, name=f"producer:{socket.gethostname()}:{os.getpid()}"
-        )
+        self.name = producer_name()
+        self.janitor = Janitor(self.conn, self.settings, name=self.name)
+        self.lease = ProducerLease(self.conn, self.settings, name=self.name)
         self._live: int | None = None  # live hosts, as the last submit saw them
         # The next batch's id and first announcement, made on a thread of the pool's
         # once a batch's results are in (_want_spare): what RQ takes to make one is then
@@ -155,12 +146,23 @@ class CodePool:
             raise ConfigError(
                 f"batch of {len(spec)} bytes is over the limit of {self.settings.max_batch_bytes}"
             )
+        announced: list[str] = []
         try:
             if codes:
-                self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
+                announced = self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
-        return Batch(self, batch_id, len(codes), effective, deadline_s=deadline_s)
+        if codes:
+            self.lease.submitted(batch_id, run)
+        return Batch(
+            self,
+            batch_id,
+            len(codes),
+            effective,
+            deadline_s=deadline_s,
+            run=run,
+            announcements=tuple(announced),
+        )
 
     def _want_spare(self) -> None:
         """Have the spare thread make the next batch's id and announcement, unless there
@@ -190,20 +192,27 @@ class CodePool:
 
     def _store_and_announce(
         self, batch_id: str, spec: bytes, n: int, run: str, reruns: int, made: Job | None = None
-    ) -> None:
+    ) -> list[str]:
         """One round trip when the live host count is known (from the previous
         submit), two for a pool's first batch: that one also loads the script if the
         server lacks it, so a fresh Redis does not see the first batch announced twice
         (an announcement in a MULTI whose script was missing goes out regardless).
         When the store finds more live hosts than the previous submit did (hosts that
         started or joined since), the announcements they were not counted for follow at
-        once, in one round trip more."""
+        once, in one round trip more. Returns the announcements' job ids."""
         settings = self.settings
-        store_keys = [self.keys.batch_state(batch_id), self.keys.hosts(), self.keys.open_batches()]
-        store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s, batch_id]
+        store_keys = [
+            self.keys.batch_state(batch_id),
+            self.keys.hosts(),
+            self.keys.open_batches(),
+            self.keys.producers(),
+            self.keys.producer_batches(self.name),
+        ]
+        store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
+        store_args += [batch_id, self.name]
         if self._live is None:
             self._live = int(submit_script(self.conn, store_keys, store_args))
-            announce(
+            return announce(
                 self._queue,
                 settings,
                 batch_id=batch_id,
@@ -211,19 +220,17 @@ class CodePool:
                 count=announcements_for(n, self._live),
                 made=made,
             )
-            return
         # One MULTI/EXEC (RQ turns a pipeline into one anyway): the batch is stored
         # before any dispatcher can see its announcement.
-        announced = announcements_for(n, self._live)
         with self.conn.pipeline(transaction=True) as pipe:
             pipe.multi()
             submit_script.queue(pipe, store_keys, store_args)
-            announce(
+            announced = announce(
                 self._queue,
                 settings,
                 batch_id=batch_id,
                 size=n,
-                count=announced,
+                count=announcements_for(n, self._live),
                 pipeline=pipe,
                 made=made,
             )
@@ -233,11 +240,11 @@ class CodePool:
                 # The announcement went out; store the batch and announce it again (a
                 # dispatcher that found no batch yet has let its announcement go).
                 self._live = int(submit_script(self.conn, store_keys, store_args))
-                announce(self._queue, settings, batch_id=batch_id, size=n)
-                announced += 1
-        missing = announcements_for(n, self._live) - announced
+                announced += announce(self._queue, settings, batch_id=batch_id, size=n)
+        missing = announcements_for(n, self._live) - len(announced)
         if missing > 0:
-            announce(self._queue, settings, batch_id=batch_id, size=n, count=missing)
+            announced += announce(self._queue, settings, batch_id=batch_id, size=n, count=missing)
+        return announced
 
     def nudge(self, batch_id: str, size: int) -> bool:
         """Announce a batch once more if it has work nobody has claimed; True if it did.
@@ -264,16 +271,19 @@ class CodePool:
             try:
                 reply = heartbeat_script(
                     self.conn,
-                    [self.keys.leases(), self.keys.hosts()],
+                    [self.keys.leases(), self.keys.hosts(), self.keys.producers()],
                     ["", self.settings.lease_s, "0", ""],
                 )
             except redis.RedisError:
                 self.janitor.in_contact(False)
                 self._watched = None
                 return None
-            live, lapsed = int(reply[1]), list(reply[2])
-            if self.janitor.in_contact(True) and lapsed:
+            live, lapsed, gone = int(reply[1]), list(reply[2]), list(reply[3])
+            trusted = self.janitor.in_contact(True)
+            if trusted and lapsed:
                 self.janitor.sweep(lapsed, live)
+            if trusted and gone:
+                self.janitor.abandon(gone)
             self._watched = live
             return live
 
@@ -291,138 +301,17 @@ class CodePool:
         return counters.metrics(self.counters(run))
 
     def close(self) -> None:
-        """Close the connections; collections going on end, what they miss is infra."""
+        """Give up on the batches in flight (they are cancelled: nobody can collect them
+        from a closed pool), give the lease up and disconnect."""
+        if self._closed:
+            return
         self._closed = True
         self._spare_wanted.set()
-        self.conn.close()
-
-
-class Batch:
-    """One submitted batch: collect its results once, in order or as they complete."""
-
-    def __init__(
-        self,
-        pool: CodePool,
-        batch_id: str,
-        size: int,
-        limits: Limits,
-        *,
-        deadline_s: float | None = None,
-    ) -> None:
-        self.pool = pool
-        self.id = batch_id
-        self.size = size
-        self.limits = limits
-        self.deadline_s = deadline_s if deadline_s is not None else self.default_deadline_s()
-        self.submitted = time.monotonic()
-        self.duplicates = 0  # done-list entries for an index already seen (should stay 0)
-        self._results: dict[int, ExecResult] = {}
-
-    def __len__(self) -> int:
-        return self.size
-
-    def default_deadline_s(self) -> float:
-        """A generous backstop: every snippet's timeout, as if run one after another."""
-        return min(3600.0, 60.0 + self.limits.timeout_s * max(1, self.size))
-
-    def as_completed(self, timeout_s: float | None = None) -> Iterator[tuple[int, ExecResult]]:
-        """Yield ``(index, result)`` as results arrive. What is missing when the batch's
-        deadline or this call's own ``timeout_s`` passes, or after no dispatcher was
-        alive for ``settings.no_worker_wait_s``, comes back as infra."""
-        pool = self.pool
-        end = self.submitted + self.deadline_s
-        if timeout_s is not None:
-            end = min(end, time.monotonic() + timeout_s)
-        done_key = pool.keys.batch_done(self.id)
-        message = DEADLINE_MESSAGE
-        watch_at = time.monotonic() + POLL_BLOCK_S
-        no_worker_since: float | None = None
-        progress_at = time.monotonic()  # the last result, or the last nudge
-        while len(self._results) < self.size:
-            now = time.monotonic()
-            if now >= end:
-                break
-            if pool._closed:
-                message = CLOSED_MESSAGE
-                break
-            if now >= watch_at:
-                watch_at = now + POLL_BLOCK_S
-                live = pool.watch()
-                if live == 0:
-                    no_worker_since = now if no_worker_since is None else no_worker_since
-                    wait_s = pool.settings.no_worker_wait_s
-                    if now - no_worker_since >= wait_s:
-                        message = NO_WORKER_MESSAGE.format(queue=pool.settings.queue, wait=wait_s)
-                        log.error("batch %s: %s", self.id, message)
-                        break
-                elif live is not None:
-                    no_worker_since = None
-                    if now - progress_at >= STALL_S:
-                        progress_at = now
-                        pool.nudge(self.id, self.size)
-            block_s = max(0.01, min(end, watch_at) - now)
+        for batch_id, run in self.lease.in_flight().items():
             try:
-                popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
-            except (redis.RedisError, OSError, ValueError) as exc:
-                if pool._closed:
-                    continue  # closed under this read, whatever redis-py made of it
-                if not isinstance(exc, redis.RedisError):
-                    raise
-                # Redis restarting: wait a little and try again until the deadline.
-                pause(end, 0.5)
-                continue
-            entries = popped[1] if popped else []
-            for entry in entries:
-                index, result = codec.decode_done_entry(cast(bytes, entry))
-                if index == WHOLE_BATCH:  # the worker could not use the batch at all
-                    for missing in range(self.size):
-                        if missing not in self._results:
-                            self._results[missing] = result
-                            yield missing, result
-                    return
-                if index in self._results or not 0 <= index < self.size:
-                    self.duplicates += 1
-                    log.warning(
-                        "batch %s: done-list entry %d seen twice or out of range", self.id, index
-                    )
-                    continue
-                # latency as the caller sees it: from submit to collection.
-                result = result.replace(latency=time.monotonic() - self.submitted)
-                self._results[index] = result
-                progress_at = time.monotonic()
-                yield index, result
-            left = self.size - len(self._results)
-            if entries and left > LINGER_UNTIL_LEFT:
-                # While results stream in, the next read waits for several: each read
-                # costs Redis a round trip, and the worker hosts write in groups anyway.
-                # Never longer than the rest should take at the pace so far, so the end
-                # of a batch is not waited for.
-                pace_s = (time.monotonic() - self.submitted) / max(1, len(self._results))
-                time.sleep(min(pool.settings.collect_linger_s, left * pace_s))
-        pool._want_spare()  # nothing of this batch waits for it now
-        for index in range(self.size):
-            if index not in self._results:
-                self._results[index] = infra(message)
-                yield index, self._results[index]
-
-    def results(self, timeout_s: float | None = None) -> list[ExecResult]:
-        """All results in input order; what is missing at the deadline is ``infra``."""
-        for _ in self.as_completed(timeout_s):
-            pass
-        return [self._results[i] for i in range(self.size)]
-
-    async def aresults(self, timeout_s: float | None = None) -> list[ExecResult]:
-        """``results`` for async callers (runs in a thread; any event loop)."""
-        return await asyncio.to_thread(self.results, timeout_s)
-
-    async def aas_completed(
-        self, timeout_s: float | None = None
-    ) -> AsyncIterator[tuple[int, ExecResult]]:
-        """``as_completed`` for async callers."""
-        iterator = self.as_completed(timeout_s)
-        sentinel = object()
-        while True:
-            item = await asyncio.to_thread(next, iterator, sentinel)
-            if item is sentinel:
-                return
-            yield item  # type: ignore[misc]
+                cancel(self.conn, self.settings, batch_id, run=run, message=CLOSED_MESSAGE)
+            except redis.RedisError as exc:
+                log.warning("batch %s: could not cancel it on close: %s", batch_id, exc)
+            self.lease.through(batch_id)
+        self.lease.close()
+        self.conn.close()

@@ -6,22 +6,31 @@ every live host shares. So a rollout's ``asyncio.gather(*(sb.arun_code(c) for c 
 codes))`` becomes one or a few batches. Calls resolve concurrent futures from background
 threads, so the same sandbox works under a new ``asyncio.run`` per step, and from plain
 threads.
+
+A call its caller gives up on (``arun_code`` cancelled, directly or by ``wait_for``; a
+cancelled ``submit`` future) is cancelled in its batch, and only there: its batch mates
+run and resolve as if it had never been (common/cancellation.py). Closing the sandbox
+gives up on every call in flight; they resolve with status ``cancelled``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+from codepool.common.cancellation import CLOSED_MESSAGE
 from codepool.common.errors import CodepoolError
 from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
-from codepool.common.result import ExecResult, infra
+from codepool.common.result import CANCELLED, ExecResult, cancelled, infra
 from codepool.common.sandbox_stats import SandboxStats
 from codepool.common.settings import Settings
 from codepool.common.snippet import split_inputs
@@ -29,9 +38,20 @@ from codepool.producer.pool import Batch, CodePool
 
 log = logging.getLogger(__name__)
 
-# A call: its snippet, its future, when it was made, and its Limits overrides (calls
-# with the same overrides share batches).
-_Call = tuple[Any, "Future[ExecResult]", float, tuple[tuple[str, Any], ...]]
+
+@dataclass(eq=False)
+class _Call:
+    """A call: its snippet, its future, when it was made, and its Limits overrides
+    (calls with the same overrides share batches); once submitted, its batch and index
+    there; and whether its caller gave up on it."""
+
+    snippet: Any
+    future: Future[ExecResult]
+    started: float
+    overrides: tuple[tuple[str, Any], ...]
+    batch: Batch | None = None
+    index: int = -1
+    given_up: bool = False
 
 
 class RemoteSandbox:
@@ -73,6 +93,9 @@ class RemoteSandbox:
         self._closed = False
         self._count_lock = threading.Lock()
         self._in_flight = 0  # calls submitted in batches and not yet resolved
+        self._batches: dict[str, Batch] = {}  # batches being collected (under _count_lock)
+        self._given_up: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._canceller: threading.Thread | None = None
         self._batcher = threading.Thread(
             target=self._coalesce, name="codepool-coalesce", daemon=True
         )
@@ -86,14 +109,59 @@ class RemoteSandbox:
         if self._closed:
             raise CodepoolError("RemoteSandbox is closed")
         call = self._call(code, keywords)
+        call.future.add_done_callback(functools.partial(self._on_done, call))
         self._calls.put(call)
-        return call[1]
+        return call.future
 
     def _call(self, code: Any, keywords: dict[str, Any]) -> _Call:
         snippet, overrides = split_inputs(code, keywords)
         if overrides:
             self.pool.limits.with_overrides(**{**self.limits, **overrides})  # checked now
-        return (snippet, Future(), time.monotonic(), tuple(sorted(overrides.items())))
+        return _Call(snippet, Future(), time.monotonic(), tuple(sorted(overrides.items())))
+
+    def _on_done(self, call: _Call, future: Future[ExecResult]) -> None:
+        # On the thread that cancelled the future (an event loop's, for arun_code):
+        # nothing here may wait on Redis.
+        if not future.cancelled():
+            return
+        with self._count_lock:
+            call.given_up = True
+            submitted = call.batch is not None
+        if submitted:  # else it is left out of its batch (_dispatch) or cancelled there
+            self._give_up(call)
+
+    def _give_up(self, call: _Call) -> None:
+        """Cancel ``call`` in its batch, on the canceller thread."""
+        with self._count_lock:
+            if self._canceller is None:
+                self._canceller = threading.Thread(
+                    target=self._cancel_given_up, name="codepool-cancel", daemon=True
+                )
+                self._canceller.start()
+        self._given_up.put(call)
+
+    def _cancel_given_up(self) -> None:
+        while True:
+            first = self._given_up.get()
+            calls = [first]
+            while True:  # what gathered meanwhile goes in one call per batch
+                try:
+                    calls.append(self._given_up.get_nowait())
+                except queue.Empty:
+                    break
+            by_batch: defaultdict[Batch, list[int]] = defaultdict(list)
+            for call in calls:
+                if call is not None and call.batch is not None:
+                    by_batch[call.batch].append(call.index)
+            for batch, indices in by_batch.items():
+                try:
+                    batch.cancel(indices)
+                except CodepoolError as exc:
+                    log.warning(
+                        "batch %s: could not cancel %d calls: %s", batch.id, len(indices), exc
+                    )
+            if None in calls:
+                return
 
     def run_code(self, code: Any, **keywords: Any) -> ExecResult:
         """Run one snippet and wait for its result. Keywords: as ``submit``'s."""
@@ -112,7 +180,7 @@ class RemoteSandbox:
                 self._in_flight -= 1
             raise
         self._submit_batch([call])
-        return call[1].result()
+        return call.future.result()
 
     async def arun_code(self, code: Any, **keywords: Any) -> ExecResult:
         """``run_code`` for async callers (any event loop)."""
@@ -122,16 +190,36 @@ class RemoteSandbox:
     def format_tool_content(self, result: ExecResult) -> str:
         return format_tool_content(result, timeout_s=self.timeout, markers=self.markers)
 
-    def close(self, *, wait: bool = True) -> None:
-        """Stop taking calls. ``wait``: until every call made has its result; else at
-        once, the calls still waiting resolved as ``infra`` (a server that stops)."""
+    def close(self, *, wait: bool = False) -> None:
+        """Stop taking calls and disconnect. The calls in flight are given up on (they
+        resolve with status ``cancelled``: what has not started never starts, what runs
+        is killed), or, with ``wait``, have their results first."""
         if self._closed:
             return
         self._closed = True
         self._calls.put(None)
         self._batcher.join(timeout=10)
-        if not wait:
-            self.pool.close()  # ends the collections (Batch.as_completed)
+        if wait:
+            self._collectors.shutdown(wait=True)
+        while True:  # calls that came with the close, after the batcher's last look
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                with self._count_lock:
+                    self._in_flight += 1
+                self._resolve(call, cancelled(CLOSED_MESSAGE))
+        with self._count_lock:
+            batches = list(self._batches.values())
+        for batch in batches:
+            try:
+                batch.cancel(message=CLOSED_MESSAGE)
+            except CodepoolError as exc:
+                log.warning("batch %s: could not cancel it on close: %s", batch.id, exc)
+        self._given_up.put(None)
+        if self._canceller is not None:
+            self._canceller.join(timeout=10)
         self._collectors.shutdown(wait=True)
         self.pool.close()
 
@@ -173,24 +261,26 @@ class RemoteSandbox:
         return False
 
     def _dispatch(self, calls: list[_Call]) -> None:
+        with self._count_lock:
+            # A call given up on before it went out never goes out.
+            calls = [call for call in calls if not call.given_up]
+            self._in_flight += len(calls)
         groups: dict[tuple[tuple[str, Any], ...], list[_Call]] = {}
         for call in calls:
-            groups.setdefault(call[3], []).append(call)
-        with self._count_lock:
-            self._in_flight += len(calls)
+            groups.setdefault(call.overrides, []).append(call)
         for group in groups.values():
             self._submit_batch(group, collect_here=False)
 
     def _submit_batch(self, calls: list[_Call], *, collect_here: bool = True) -> None:
         """Submit ``calls`` (counted in flight already) as one batch and collect it here
         or on a collector thread."""
-        limits = {**self.limits, **dict(calls[0][3])}
+        limits = {**self.limits, **dict(calls[0].overrides)}
         deadline_s = self.deadline_s
         if deadline_s is None:
             deadline_s = limits["timeout_s"] + 300.0
         try:
             batch = self.pool.submit(
-                [snippet for snippet, _, _, _ in calls],
+                [call.snippet for call in calls],
                 run=self.run,
                 deadline_s=deadline_s,
                 **limits,
@@ -200,27 +290,45 @@ class RemoteSandbox:
             for call in calls:
                 self._resolve(call, infra(f"codepool: {exc}"))
             return
+        with self._count_lock:
+            self._batches[batch.id] = batch
+            for index, call in enumerate(calls):
+                call.batch, call.index = batch, index
+            given_up = [call for call in calls if call.given_up]
+        for call in given_up:  # given up on while the batch went out
+            self._give_up(call)
         if collect_here:
             self._collect(batch, calls)
         else:
             self._collectors.submit(self._collect, batch, calls)
 
     def _collect(self, batch: Batch, calls: list[_Call]) -> None:
+        resolved: set[int] = set()
         try:
             for index, result in batch.as_completed():
+                resolved.add(index)
                 self._resolve(calls[index], result)
         except Exception as exc:  # a collector must never leave a caller hanging
             log.exception("batch %s: collecting results failed", batch.id)
-            for call in calls:
-                if not call[1].done():
+            for index, call in enumerate(calls):
+                if index not in resolved:
                     self._resolve(call, infra(f"codepool: {exc}"))
+        finally:
+            with self._count_lock:
+                self._batches.pop(batch.id, None)
 
     def _resolve(self, call: _Call, result: ExecResult) -> None:
-        _, future, started, _ = call
-        # latency as the reference measured it: around the caller's call.
-        result = result.replace(latency=time.monotonic() - started)
-        self.stats.record(result)
+        """Hand ``result`` to the call's caller, unless it gave up (its future is
+        cancelled: the result is dropped, and its batch mates are not touched)."""
         with self._count_lock:
             self._in_flight -= 1
-        if not future.done():  # an asyncio caller that gave up cancelled it
-            future.set_result(result)
+        if call.future.cancelled():
+            return
+        # latency as the reference measured it: around the caller's call.
+        result = result.replace(latency=time.monotonic() - call.started)
+        if result.status != CANCELLED:  # a closed sandbox's: not a call that ran
+            self.stats.record(result)
+        try:
+            call.future.set_result(result)
+        except InvalidStateError:
+            pass  # cancelled just now

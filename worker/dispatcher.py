@@ -518,6 +518,7 @@ def main(argv: list[str]) -> int:
     except redis.ConnectionError as exc:  # RQ's teardown, with Redis gone: nothing to tidy
         log.warning("dispatcher %s: stopping without Redis: %s", config.name, exc)
     finally:
+        worker.runner.close()
         writer.close()
         finished.stop()
         lease.stop()

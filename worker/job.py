@@ -13,6 +13,9 @@ from the executor what has not started; when the host's drain deadline comes (th
 it takes back what runs too, killing it. Either way the job then gives back every
 index it claimed and has no result for (``Janitor.release``, graceful: no re-run is
 counted), announced to run elsewhere; results it wrote stay, first write wins.
+
+A cancellation heard meanwhile (worker/cancels.py) drops what was claimed and not
+started, and kills what runs; such a snippet is never written.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
@@ -37,7 +40,7 @@ from codepool.common.errors import CodepoolError, WireError
 from codepool.common.ledger import claim_script, parse_indices
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, batch_queue
-from codepool.common.result import ExecResult, infra, rejected
+from codepool.common.result import CANCELLED, ExecResult, infra, rejected
 from codepool.common.settings import Settings
 from codepool.common.wire import (
     JOB_FUNCTION,
@@ -46,6 +49,7 @@ from codepool.common.wire import (
     decode_announcement,
     peek_batch_id,
 )
+from codepool.worker.cancels import CancelBook, CancelListener
 from codepool.worker.engine.client import SupervisorClient
 from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host_window import HostWindow
@@ -65,6 +69,13 @@ MAX_CLAIM = 64
 CLAIM_AHEAD_S = 1.0
 # A note from the executor's side: one snippet was taken back, it will have no result.
 _BACK = "back"
+
+
+class _Dropped:
+    """A note: one started snippet ended cancelled, and is not written."""
+
+
+_DROPPED = _Dropped()
 
 
 class RefusedJob(CodepoolError):
@@ -142,6 +153,45 @@ class BatchRunner:
         self.lease = lease
         self.window = window
         self.queue = batch_queue(conn, settings)
+        # Cancellations heard, and the executions they may concern (worker/cancels.py).
+        self.cancels = CancelBook()
+        self._active_lock = threading.Lock()
+        self._active: dict[str, BatchExecution] = {}
+        self.listener = CancelListener(
+            conn,
+            self.keys.cancel_channel(lease.owner),
+            on_cancel=self.on_cancel,
+            on_subscribed=self.reconcile,
+        )
+        self.listener.start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def on_cancel(self, batch_id: str, indices: frozenset[int] | None) -> None:
+        """Listener thread: ``indices`` of the batch (None: all) were cancelled."""
+        self.cancels.add(batch_id, indices)
+        with self._active_lock:
+            execution = self._active.get(batch_id)
+        if execution is not None:
+            execution.cancel(indices)
+
+    def reconcile(self) -> None:
+        """Listener thread, once (re)subscribed: what was cancelled while it was not
+        is found in Redis, for every execution running."""
+        with self._active_lock:
+            executions = list(self._active.values())
+        for execution in executions:
+            execution.reconcile()
+
+    def joined(self, execution: BatchExecution) -> None:
+        with self._active_lock:
+            self._active[execution.batch_id] = execution
+
+    def left(self, execution: BatchExecution) -> None:
+        with self._active_lock:
+            if self._active.get(execution.batch_id) is execution:
+                del self._active[execution.batch_id]
 
     def prestart(
         self, job: Job, *, pipeline: Pipeline, batch_id: str | None = None, announced: bool = True
@@ -234,16 +284,16 @@ class BatchExecution:
         self._first_start: float | None = None  # monotonic time of the first snippet's start
         self._taken = 0  # results the writer took (its thread adds)
         self.taken_back = 0  # started, then taken back from the executor (stopping)
-        # In the executor, by index: what a stop takes back (the executor's threads pop).
-        self._futures: dict[int, Future[ExecResult]] = {}
+        self.dropped = 0  # started, then cancelled: not written
         self._took_back_waiting = False  # asked the executor for what has not started
         self._took_back_running = False  # ... and, at the cut, for what runs
         # Started and not yet taken by the writer: the job thread adds, the writer takes.
         self._running = 0
         self._running_lock = threading.Lock()
+        self._futures: dict[int, Future[ExecResult]] = {}  # in the executor, by index
         # Written counts (0 only wakes the job thread: the writer took results).
-        # _BACK: one taken back from the executor.
-        self._notes: queue.SimpleQueue[int | str | BaseException] = queue.SimpleQueue()
+        # _BACK: one taken back from the executor; _DROPPED: one cancelled.
+        self._notes: queue.SimpleQueue[int | str | BaseException | _Dropped] = queue.SimpleQueue()
         self._nudged = False  # told the writer this execution expects no more
         self._first_claim_with: Pipeline | None = None
         self.before_claim: list[Any] = []  # replies to what that pipeline held before it
@@ -254,6 +304,7 @@ class BatchExecution:
         # would make a partial one anew, with no TTL).
         self.beats_job = True
         runner.current = self
+        runner.joined(self)
 
     # -- called by the writer thread ------------------------------------------------
 
@@ -287,6 +338,38 @@ class BatchExecution:
     def wake(self) -> None:
         self._notes.put(0)
 
+    # -- called by the cancel listener's thread ---------------------------------------
+
+    def cancel(self, indices: frozenset[int] | None) -> None:
+        """``indices`` (None: all) were cancelled: what runs of them is killed, and the
+        job thread, woken, drops what it has not started (``runner.cancels`` has them)."""
+        if indices is None:
+            self.drained = True  # nothing left to claim
+        with self._running_lock:
+            running = [f for i, f in self._futures.items() if indices is None or i in indices]
+        for future in running:
+            self.runner.executor.cancel(future)
+        self._notes.put(0)
+
+    def reconcile(self) -> None:
+        """Look up this execution's unfinished indices in Redis: those whose result is
+        a cancellation are cancelled here too."""
+        with self._running_lock:
+            indices = [*self._futures, *self.todo]
+        if not indices:
+            return
+        blobs = self.runner.conn.hmget(self.runner.keys.batch_results(self.batch_id), indices)
+        found = set()
+        for index, blob in zip(indices, blobs, strict=True):
+            try:
+                if blob is not None and codec.decode_result(cast(bytes, blob)).status == CANCELLED:
+                    found.add(index)
+            except WireError:
+                continue
+        if found:
+            self.runner.cancels.add(self.batch_id, frozenset(found))
+            self.cancel(frozenset(found))
+
     # -- job thread -----------------------------------------------------------------
 
     def _stopping(self) -> bool:
@@ -301,6 +384,7 @@ class BatchExecution:
             keys.leases(),
             keys.owner_batches(runner.lease.owner),
             keys.open_batches(),
+            keys.batch_results(self.batch_id),
         ]
         args = [
             runner.lease.owner,
@@ -401,7 +485,9 @@ class BatchExecution:
                 continue
             if room <= 0:
                 return
-            self._start(self.todo.pop())
+            index = self.todo.pop()
+            if not self.runner.cancels.cancelled(self.batch_id, index):
+                self._start(index)
 
     def _start(self, index: int) -> None:
         runner, batch = self.runner, self.batch
@@ -431,11 +517,15 @@ class BatchExecution:
                 runner.writer.put(self, index, rejected(message, worker=runner.executor.name))
                 return
             future = runner.executor.submit_limited(snippet, self.limits)
-            self._futures[index] = future
+            with self._running_lock:
+                self._futures[index] = future
             future.add_done_callback(functools.partial(self._finished, index))
+            if runner.cancels.cancelled(self.batch_id, index):  # heard while it started
+                runner.executor.cancel(future)
 
     def _finished(self, index: int, future: Future[ExecResult]) -> None:
-        self._futures.pop(index, None)
+        with self._running_lock:
+            self._futures.pop(index, None)
         if future.cancelled():  # taken back: it runs elsewhere, once this job gives it back
             with self._running_lock:
                 self._running -= 1
@@ -446,6 +536,11 @@ class BatchExecution:
             result = future.result()
         except Exception as exc:  # the executor's own failure: the snippet is not lost
             result = infra(f"codepool: executor failed: {exc}", worker=self.runner.executor.name)
+        if result.status == CANCELLED or self.runner.cancels.cancelled(self.batch_id, index):
+            # Its result is the cancellation, in Redis already: nothing to write.
+            self.taken(1)
+            self._notes.put(_DROPPED)
+            return
         self.runner.writer.put(self, index, result)
 
     def _take_note(self, timeout_s: float) -> None:
@@ -460,6 +555,9 @@ class BatchExecution:
         elif isinstance(note, str):  # _BACK
             self.unwritten -= 1
             self.taken_back += 1
+        elif isinstance(note, _Dropped):
+            self.unwritten -= 1
+            self.dropped += 1
         else:
             self.unwritten -= note
             self.ran += note
@@ -487,7 +585,8 @@ class BatchExecution:
             return
         self._took_back_waiting = True
         self._took_back_running = cut
-        futures = list(self._futures.values())
+        with self._running_lock:
+            futures = list(self._futures.values())
         if futures:
             self.runner.executor.withdraw(futures, running=cut)
             log.info(
@@ -505,6 +604,7 @@ class BatchExecution:
             return self._finish()
         finally:
             self.runner.window.running(None)
+            self.runner.left(self)
 
     def _finish(self) -> dict[str, Any]:
         runner, job = self.runner, self.job
@@ -540,4 +640,4 @@ class BatchExecution:
                     self.batch_id,
                 )
             runner.finished.batch_done(self.batch_id)
-        return {"batch": self.batch_id, "ran": self.ran}
+        return {"batch": self.batch_id, "ran": self.ran, "cancelled": self.dropped}

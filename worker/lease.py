@@ -1,5 +1,6 @@
 """A dispatcher's lease: a heartbeat every ``heartbeat_s`` that keeps its claims its own,
-and the janitor's round that recovers dispatchers whose lease lapsed.
+and the janitor's round that recovers dispatchers whose lease lapsed (and cancels the
+batches of producers whose lease lapsed).
 
 The lease lives in Redis (``ledger.HEARTBEAT``, server time). This side keeps the time of
 the last heartbeat Redis answered, so the result writer can tell, without asking Redis,
@@ -50,6 +51,7 @@ class LeaseKeeper:
         self.lost = threading.Event()
         self._renewed = threading.Condition()
         self._last_ok = 0.0  # monotonic time of the last answered heartbeat
+        self._producers_lapsed: list[str] = []  # from the last heartbeat: to abandon
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="codepool-lease", daemon=True)
 
@@ -104,12 +106,14 @@ class LeaseKeeper:
             trusted_view = self.janitor.in_contact(True)
             if lapsed and trusted_view:
                 self.janitor.sweep(lapsed, self.live)
+            if self._producers_lapsed and trusted_view:
+                self.janitor.abandon(self._producers_lapsed)
 
     def _beat(self, *, first: bool) -> list[str]:
         keys = self.settings.keys
         reply = heartbeat_script(
             self.conn,
-            [keys.leases(), keys.hosts()],
+            [keys.leases(), keys.hosts(), keys.producers()],
             [self.owner, self.settings.lease_s, "1" if first else "0", self.host],
         )
         if int(reply[0]) < 0:
@@ -124,6 +128,7 @@ class LeaseKeeper:
             self.on_lost()
             return []
         self.live = max(1, int(reply[1]))
+        self._producers_lapsed = list(reply[3])
         with self._renewed:
             self._last_ok = time.monotonic()
             self._renewed.notify_all()

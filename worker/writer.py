@@ -238,7 +238,8 @@ class ResultWriter:
             late = len(results) - firsts
             if late:
                 log.info(
-                    "batch %s: %d late results dropped, already written by another run",
+                    "batch %s: %d late results dropped, already written (by another run, "
+                    "or cancelled)",
                     execution.batch_id,
                     late,
                 )

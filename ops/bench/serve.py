@@ -3,11 +3,15 @@ embedded default (its private Redis and one local worker).
 
 Prints requests/s and latency for a burst of ``/run_code`` calls from many concurrent
 clients (the issue's yardstick: 400 requests from 64 clients), a burst of small
-notebooks on ``/run_jupyter``, and lone sequential calls; medians over rounds. A report,
-not a test: it exits 0 whatever the numbers say, non-zero only when something crashed
-or an answer was wrong.
+notebooks on ``/run_jupyter``, and lone sequential calls; medians over rounds. Then the
+abandon rounds: ``--abandoners`` clients post 10-s spinners and give up after 3 s (as a
+client with a short read timeout does), and a lone request follows at once; its p50
+over the rounds is set against the idle lone p50 (target: within 2x: what was given up
+on is cancelled, not left to hold the slots). A report, not a test: it exits 0 whatever
+the numbers say, non-zero only when something crashed or an answer was wrong.
 
     python ops/bench/serve.py [--requests 400] [--clients 64] [--rounds 3]
+                              [--abandoners 20] [--abandon-rounds 7]
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from codepool.common.quantile import nearest_rank
 from codepool.ops.serve_command import LISTENING
 
 BURST_TARGET_S = 5.0  # "within a few seconds"
+ABANDON_TARGET = 2.0  # lone p50 right after an abandon, over the idle lone p50
+SPINNER: dict[str, Any] = {"code": "while True: pass", "language": "python", "run_timeout": 10}
+GIVE_UP_S = 3.0
 
 
 @dataclass
@@ -116,6 +123,41 @@ def jupyter_ok(i: int, body: dict[str, Any]) -> bool:
     return bool(body["cells"][1]["display"] == [{"text/plain": str(i * 3)}])
 
 
+def abandon(url: str, abandoners: int, rounds: int) -> tuple[Row, int, int]:
+    """Rounds of: ``abandoners`` clients post a spinner and give up after GIVE_UP_S
+    (or take an early answer), then one lone request on a warm keep-alive connection.
+    Returns the lone requests' row, and how many spinners were given up on and how many
+    answered early (504)."""
+    session = requests.Session()
+    latencies: list[float] = []
+    gave_up = early = 0
+
+    def spin(_: int) -> str:
+        try:
+            response = requests.post(f"{url}/run_code", json=SPINNER, timeout=(10, GIVE_UP_S))
+        except requests.exceptions.ReadTimeout:
+            return "gave up"
+        if response.status_code == 504 and "Retry-After" in response.headers:
+            return "early"
+        raise SystemExit(f"abandon: a spinner was answered {response.status_code}")
+
+    started = time.perf_counter()
+    for round_ in range(rounds):
+        session.post(f"{url}/run_code", json=run_code(round_)[1], timeout=120)  # warm
+        with ThreadPoolExecutor(abandoners) as threads:
+            outcomes = list(threads.map(spin, range(abandoners)))
+        gave_up += outcomes.count("gave up")
+        early += outcomes.count("early")
+        path, body = run_code(round_)
+        sent = time.perf_counter()
+        response = session.post(f"{url}{path}", json=body, timeout=120)
+        latencies.append(time.perf_counter() - sent)
+        if response.status_code != 200 or not run_code_ok(round_, response.json()):
+            raise SystemExit(f"abandon: wrong answer to the lone request: {response.text[:300]}")
+    row = Row("abandon", rounds, abandoners, time.perf_counter() - started, latencies)
+    return row, gave_up, early
+
+
 def median_row(rows: list[Row]) -> Row:
     ordered = sorted(rows, key=lambda row: row.wall_s)
     return ordered[len(ordered) // 2]
@@ -126,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--abandoners", type=int, default=20)
+    parser.add_argument("--abandon-rounds", type=int, default=7)
     args = parser.parse_args(argv)
     print(
         f"codepool serve bench: python {platform.python_version()}, {os.cpu_count()} cpus, "
@@ -144,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, n, clients, request, check in plans:
             rounds = [burst(url, name, n, clients, request, check) for _ in range(args.rounds)]
             rows.append(median_row(rounds))
+        abandoned, gave_up, early = abandon(url, args.abandoners, args.abandon_rounds)
+        rows.append(abandoned)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
@@ -156,6 +202,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"target: {verdict} {first.n} requests from {first.clients} clients in "
         f"<= {BURST_TARGET_S:g} s: {first.wall_s:.2f} s ({first.per_s:.0f} req/s)"
+    )
+    idle = nearest_rank(rows[2].latencies, 0.5)
+    after = nearest_rank(abandoned.latencies, 0.5)
+    verdict = "PASS" if after <= ABANDON_TARGET * idle else "FAIL"
+    print(
+        f"abandon: {args.abandon_rounds} rounds of {args.abandoners} clients giving up on "
+        f"10-s spinners after {GIVE_UP_S:g} s ({gave_up} given up, {early} answered 504 "
+        "at once), each followed by one lone request (its p50/p95 in the row above)"
+    )
+    print(
+        f"target: {verdict} lone p50 after an abandon <= {ABANDON_TARGET:g}x the idle lone "
+        f"p50: {after * 1000:.1f} ms against {idle * 1000:.1f} ms ({after / idle:.2f}x)"
     )
     return 0
 

@@ -20,7 +20,7 @@ from codepool.ops.redis_checks import check_redis, main, redact
 from codepool.ops.redis_server import free_port
 from codepool.ops.server_binary import find_server_binary
 from codepool.producer import CodePool
-from tests.conftest import WorkerProcess, wait_for_dispatchers
+from tests.conftest import WorkerProcess, wait_for_dispatchers, wait_until
 
 FRAGMENT = Path(__file__).resolve().parents[2] / "ops" / "deploy" / "redis.conf"
 
@@ -217,6 +217,12 @@ def test_real_worker_and_producer_with_the_codepool_user(
     assert results[0].stdout == "1\n"
     admin = redis.Redis.from_url(acl_redis.admin_url, decode_responses=True)
     try:
+        # A cancellation publishes to the dispatcher holding the claim, on its channel.
+        given_up = pool.submit(["import time\ntime.sleep(60)"])
+        state = Keys().batch_state(given_up.id)
+        wait_until(lambda: admin.hget(state, "next") == "1", what="the claim")
+        assert given_up.cancel() == 1
+        assert given_up.results(timeout_s=30)[0].status == "cancelled"
         # Counters are flushed with HINCRBY within about a second.
         deadline = time.monotonic() + 10
         while int(admin.hget(Keys().stats(), "calls") or 0) < 2:

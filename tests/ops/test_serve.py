@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,16 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import requests
 from sandbox_fusion import RunCodeRequest, RunJupyterRequest, run_code, run_jupyter
 
+from codepool.common import counters
+from codepool.common.keys import Keys
 from codepool.common.result import infra, rejected
 from codepool.ops import sandbox_fusion as protocol
 from codepool.ops.processes import descendants, processes
 from codepool.ops.serve_command import LISTENING
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker.engine.reaping import wait_or_kill
-from tests.conftest import StartWorker, wait_until
+from tests.conftest import StartWorker, sleeping_below, wait_until
 
 
 @dataclass
@@ -71,7 +75,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
 
 
 def post(serve: Serve, path: str, body: Any, **kwargs: Any) -> requests.Response:
-    return requests.post(f"{serve.url}{path}", json=body, timeout=60, **kwargs)
+    return requests.post(f"{serve.url}{path}", json=body, **{"timeout": 60, **kwargs})
 
 
 def test_the_published_client_runs_code(serve: Serve) -> None:
@@ -381,3 +385,125 @@ def test_stopping_serve_stops_its_redis_and_worker(tmp_path: Path) -> None:
 
     wait_until(lambda: not left(), timeout_s=30, what="serve's Redis and worker gone")
     assert left() == set()
+
+
+SLEEPER = "import time\ntime.sleep(120)"
+
+
+def sleeper_request(**extra: Any) -> dict[str, Any]:
+    return {"code": SLEEPER, "language": "python", "run_timeout": 300, **extra}
+
+
+def raw_post(
+    server: Serve, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> socket.socket:
+    """POST ``body`` to /run_code on a socket of its own, and leave the answer unread:
+    closing the socket is a client that drops its connection."""
+    host, port = server.url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    lines = [
+        "POST /run_code HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(data)}",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
+    conn = socket.create_connection((host, int(port)))
+    conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    return conn
+
+
+def counters_of(redis_url: str, run: str) -> dict[str, int]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return counters.parse(client.hgetall(Keys().run_stats(run)))
+    finally:
+        client.close()
+
+
+def test_clients_that_give_up_take_their_work_with_them(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    worker = start_worker(concurrency=2)
+    server = start_serve(tmp_path / "serve.log", "--url", redis_url, "--run", "left")
+    pid = worker.process.pid
+    try:
+        # SandboxFusion's own client, and requests as verl uses it, with read timeouts
+        # shorter than the work: each gives up, and its snippet is killed.
+        slow = RunCodeRequest(code=SLEEPER, language="python", run_timeout=300)
+        clients = [
+            lambda: run_code(slow, endpoint=server.url, max_attempts=1, client_timeout=5),
+            lambda: requests.post(
+                f"{server.url}/run_code", json=sleeper_request(), timeout=(10, 5)
+            ),
+        ]
+        with ThreadPoolExecutor(1) as thread:
+            for client in clients:
+                gave_up = thread.submit(client)
+                wait_until(
+                    lambda: sleeping_below(pid) == 1, timeout_s=30, what="the snippet running"
+                )
+                with pytest.raises(Exception, match="timed out"):
+                    gave_up.result()
+                wait_until(lambda: sleeping_below(pid) == 0, what="the snippet killed")
+        # A client that drops its connection: its snippet runs, and is killed.
+        dropped = raw_post(server, sleeper_request())
+        wait_until(lambda: sleeping_below(pid) == 1, timeout_s=30, what="the snippet running")
+        dropped.close()
+        wait_until(lambda: sleeping_below(pid) == 0, what="the snippet killed")
+        # The pool is free for the next client at once.
+        lone = post(server, "/run_code", {"code": "print(1)", "language": "python"})
+        assert lone.status_code == 200 and lone.json()["run_result"]["stdout"] == "1\n"
+        got = counters_of(redis_url, "left")
+        assert (got["calls"], got["cancelled"]) == (1, 3), got
+        assert "collecting results failed" not in server.log()
+    finally:
+        server.process.send_signal(signal.SIGTERM)
+        wait_or_kill(server.process, 30)
+
+
+def test_a_request_that_cannot_start_within_its_budget_is_answered_at_once(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    worker = start_worker(concurrency=1)
+    server = start_serve(tmp_path / "serve.log", "--url", redis_url)
+    pid = worker.process.pid
+    held: list[socket.socket] = []
+    try:
+        # One snippet runs on the only slot and one waits behind it: serve sees no answer
+        # come back, so its estimate of a new request's wait grows.
+        held = [raw_post(server, sleeper_request()) for _ in range(2)]
+        wait_until(lambda: sleeping_below(pid) == 1, timeout_s=30, what="a snippet running")
+        wait_until(lambda: health(server, {})["start_wait_s"] > 3, what="a wait of seconds")
+        quick = {"code": "print(1)", "language": "python", "compile_timeout": 3}
+        refused = post(server, "/run_code", quick, timeout=30)
+        assert refused.status_code == 504, refused.text
+        assert int(refused.headers["Retry-After"]) >= 3
+        assert "budget of 3.0 s" in refused.json()["detail"]
+        # The client's own timeout, when it says it: 10 s in all for a 9 s run.
+        told = post(
+            server,
+            "/run_code",
+            {"code": "print(1)", "language": "python", "run_timeout": 9},
+            headers={"X-Request-Timeout": "10"},
+            timeout=30,
+        )
+        assert told.status_code == 504 and "budget of 1.0 s" in told.json()["detail"], told.text
+        # SandboxFusion's client sees a status it retries (here: gives up after one try).
+        with pytest.raises(Exception, match="responded with code 504"):
+            run_code(
+                RunCodeRequest(code="print(1)", language="python", compile_timeout=3),
+                endpoint=server.url,
+                max_attempts=1,
+            )
+        for conn in held:
+            conn.close()
+        wait_until(lambda: sleeping_below(pid) == 0, what="the held snippets killed")
+        wait_until(lambda: health(server, {})["in_flight"] == 0, what="nothing in flight")
+        again = post(server, "/run_code", quick, timeout=30)
+        assert again.status_code == 200 and again.json()["run_result"]["stdout"] == "1\n"
+    finally:
+        for conn in held:
+            conn.close()
+        server.process.send_signal(signal.SIGTERM)
+        wait_or_kill(server.process, 30)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from codepool.common import format_tool_content
+from codepool.ops.processes import descendants
 from codepool.worker import LocalExecutor
 from tests.conftest import assert_nothing_left, needs_root, processes_of, wait_until
 
@@ -389,6 +390,36 @@ def test_straggler_holds_one_slot_only(executor: LocalExecutor) -> None:
     assert not slow.done(), "the fast ones waited for the straggler's slot"
     assert slow.result().stdout == "slow\n"
     assert_nothing_left(executor)
+
+
+def test_cancel_drops_a_waiting_snippet_and_kills_a_running_one(executor: LocalExecutor) -> None:
+    sleeper = "import time\ntime.sleep(60)"
+    running = [executor.submit(sleeper, timeout_s=120) for _ in range(executor.concurrency)]
+    waiting = executor.submit(sleeper, timeout_s=120)
+    wait_until(lambda: len(sleeping(executor)) == executor.concurrency, what="the slots full")
+    assert executor.cancel(waiting) and executor.cancel(running[0])
+    assert waiting.result(timeout=30).status == "cancelled"
+    assert running[0].result(timeout=30).status == "cancelled"
+    # Its slot is free at once: the next snippet runs while the other sleepers sleep.
+    assert executor.run("print('next')", timeout_s=30).stdout == "next\n"
+    for future in running[1:]:
+        assert executor.cancel(future)
+        assert future.result(timeout=30).status == "cancelled"
+    assert not executor.cancel(running[0])  # resolved already
+    assert_nothing_left(executor)
+
+
+def sleeping(executor: LocalExecutor) -> list[int]:
+    """Snippet processes below the supervisor in a timed sleep."""
+    return [pid for pid in descendants(executor.supervisor_pid) if "nanosleep" in wchan(pid)]
+
+
+def wchan(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def test_many_threads_at_once(executor: LocalExecutor) -> None:

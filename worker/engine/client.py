@@ -4,7 +4,8 @@ Both the executor that owns a zygote (LocalExecutor) and the RQ dispatchers that
 one on the same host (AttachedExecutor) are clients. Any number of threads may call
 ``submit``/``run``/``run_many`` at once. If the connection is lost, the client gets a new
 one (the owner restarts the zygote; an attached client reconnects) and re-sends what was
-in flight once; a snippet lost twice comes back with ``status="infra"``.
+in flight once; a snippet lost twice comes back with ``status="infra"``. ``cancel``
+gives up on a snippet: the supervisor drops it if it waits and kills it if it runs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from codepool.common.errors import ExecutorError
 from codepool.common.limits import Limits
-from codepool.common.result import ExecResult, infra, rejected
+from codepool.common.result import ExecResult, cancelled, infra, rejected
 from codepool.common.retry import retry_until
 from codepool.common.snippet import Snippet, split_inputs
 from codepool.worker.engine.protocol import FrameReader, encode_frame, recv_one
@@ -42,6 +43,7 @@ class _Pending:
     attempts: int = 0
     generation: int = -1  # which connection it was last sent on
     withdrawn: bool = False  # asked back: not sent again after a reconnect
+    cancelled: bool = False  # given up on: never sent again
 
 
 class SupervisorClient:
@@ -135,6 +137,32 @@ class SupervisorClient:
         # else: the reconnect re-sends everything still pending
         return future
 
+    def cancel(self, future: Future[ExecResult]) -> bool:
+        """Give up on the snippet ``future`` is for: the supervisor drops it if it waits
+        for a slot and kills it if it runs, and the future resolves with status
+        ``cancelled`` (or with its result, if that came first). False if it is not
+        pending here (resolved already)."""
+        with self._lock:
+            found = next(((i, p) for i, p in self._pending.items() if p.future is future), None)
+            if found is None:
+                return False
+            request_id, pending = found
+            if pending.cancelled:
+                return True  # asked already
+            pending.cancelled = True
+            sock, sent = self._sock, pending.generation == self._generation
+        if sock is None or not sent:  # not on this connection: it is never sent again
+            message = "codepool: cancelled: its caller gave up on it"
+            self._finish(request_id, cancelled(message, worker=self.name))
+            return True
+        frame = encode_frame({"t": "cancel", "id": request_id})
+        try:
+            with self._send_lock:
+                sock.sendall(frame)
+        except OSError:
+            pass  # the reader sees the zygote die; a cancelled request is not re-sent
+        return True
+
     def run(self, code: Any, **keywords: Any) -> ExecResult:
         """Run one snippet and wait for its result. Keywords: as ``submit``'s."""
         return self.submit(code, **keywords).result()
@@ -220,6 +248,9 @@ class SupervisorClient:
         for request_id, pending in unsent:
             if pending.withdrawn:
                 self._cancel(request_id)
+            elif pending.cancelled:
+                message = "codepool: cancelled: its caller gave up on it"
+                self._finish(request_id, cancelled(message, worker=self.name))
             elif pending.attempts >= MAX_ATTEMPTS:
                 message = "codepool: the executor failed twice while running this snippet"
                 self._finish(request_id, infra(message, worker=self.name))

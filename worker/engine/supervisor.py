@@ -30,7 +30,7 @@ from typing import Any
 from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
-from codepool.common.result import infra, rejected
+from codepool.common.result import cancelled, infra, rejected
 from codepool.common.snippet import Snippet
 from codepool.worker.engine import (
     done,
@@ -94,6 +94,7 @@ class Child:
     timed_out: bool = False
     notice: done.Notice | None = None  # its done notice, once it was killed at it
     reported: bool = False  # its result went out (at the notice, or at its exit)
+    cancelled: bool = False  # killed because its client gave up: reported as cancelled
     ready: bool | None = None  # it said "ready" (None: not read yet)
     handed: list[int] = field(default_factory=list)  # the fds it sent with "ready"
 
@@ -123,6 +124,7 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.queue: collections.deque[Request] = collections.deque()
         self.running: dict[int, Child] = {}
+        self.dying: dict[int, Child] = {}  # cancelled and killed, not reaped yet
         self.warm_children = {kind: collections.deque[Child]() for kind in zygotes}
         self.cloning = {kind: collections.deque[Child]() for kind in zygotes}  # asked, no pid yet
         # One uid per slot: running ones plus the (up to two per zygote) waiting ones. Without a PID
@@ -225,6 +227,9 @@ class Supervisor:
             self._withdraw(client, message["ids"], running=bool(message.get("running")))
             return
         request_id = message.get("id")
+        if message.get("t") == "cancel" and isinstance(request_id, int):
+            self._cancel(client, request_id)
+            return
         if message.get("t") != "run" or not isinstance(request_id, int):
             log.error("ignoring malformed message of type %r", message.get("t"))
             return
@@ -276,6 +281,27 @@ class Supervisor:
                 withdrawn.append(request.id)
         if withdrawn:
             self._send(client, {"t": "withdrawn", "ids": withdrawn})
+
+    def _cancel(self, client: Client, request_id: int) -> None:
+        """The client gave up on a request: dropped if it waits, killed if it runs;
+        either way its result is a cancellation, sent at once. A killed child's slot is
+        free at once too: the next request starts while it dies (it runs nothing more),
+        not after the wake-up that reaps it. Nothing to do once its result went out."""
+        for request in self.queue:
+            if request.client is client and request.id == request_id:
+                self.queue.remove(request)
+                self._send(client, _cancelled(request_id))
+                return
+        for child in self.running.values():
+            asked = child.request
+            if asked is None or asked.client is not client or asked.id != request_id:
+                continue
+            if not child.reported:
+                child.cancelled, child.deadline = True, None
+                _kill(child.pid, group=not self.state.pidns)
+                self.dying[child.pid] = self.running.pop(child.pid)
+                self._report(child, -signal.SIGKILL, 0.0, 0, time.monotonic())
+            return
 
     # -- children ------------------------------------------------------------------
 
@@ -370,6 +396,7 @@ class Supervisor:
         self._forget_notice(child)
         self._take_ready(child)  # "ready" and its fds, unless the notice read them
         child.sock.close()
+        self.dying.pop(child.pid, None)
         if self.running.pop(child.pid, None) is not None:
             # Its slot's next snippet starts before this one's result is read and sent,
             # so the CPU it frees is not left idle meanwhile.
@@ -401,6 +428,8 @@ class Supervisor:
         self._forget_notice(child)
         if notice is None or child.timed_out or self.running.get(child.pid) is not child:
             return
+        if child.cancelled:
+            return
         _kill(child.pid, group=False)  # nothing more of it runs, forged notice or not
         child.notice, child.deadline = notice, None
         if done.alone(child.pid, notice) and self._take_ready(child):
@@ -429,6 +458,9 @@ class Supervisor:
     def _report(self, child: Child, code: int, cpu_s: float, max_rss_kb: int, ended: float) -> None:
         child.reported = True
         if child.request is None or child.request.client is None:
+            return
+        if child.cancelled:
+            self._send(child.request.client, _cancelled(child.request.id))
             return
         ready = bool(child.ready)
         self.prefork = self.prefork or ready
@@ -484,7 +516,7 @@ class Supervisor:
             self.shutdown()
 
     def shutdown(self) -> None:
-        children = list(self.running.values())
+        children = [*self.running.values(), *self.dying.values()]
         children += [child for warm in self.warm_children.values() for child in warm]
         for child in children:
             _kill(child.pid, group=not self.state.pidns)
@@ -574,6 +606,11 @@ def _read_back(child: Child, handed: list[int]) -> dict[str, Any]:
 
 def _rejected(request_id: int, message: str) -> dict[str, Any]:
     return {"t": "result", "id": request_id, "r": rejected(f"rejected: {message}").to_dict()}
+
+
+def _cancelled(request_id: int) -> dict[str, Any]:
+    record = cancelled("codepool: cancelled: its caller gave up on it").to_dict()
+    return {"t": "result", "id": request_id, "r": record}
 
 
 @dataclass

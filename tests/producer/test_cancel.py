@@ -1,0 +1,237 @@
+"""Giving up, end to end: real redis-server, real `codepool worker` processes. A caller
+that gives up (asyncio cancellation, Batch.cancel, a closed sandbox or pool, a producer
+killed -9) frees its slots: what had not started never starts, what ran is killed, none
+of it is written, all of it is counted as cancelled, and batch mates are untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+from rq import Queue
+from rq.job import Job
+
+from codepool.common import codec
+from codepool.common.cancellation import CLOSED_MESSAGE, PRODUCER_LOST_MESSAGE
+from codepool.common.codec import MsgpackSerializer
+from codepool.common.settings import Settings
+from codepool.ops.processes import descendants
+from codepool.producer import CodePool, RemoteSandbox
+from tests.conftest import StartWorker, sleeping_below, wait_until
+
+SLEEPER = "import time\ntime.sleep(120)"
+
+
+def sleeping_pids(pid: int) -> set[int]:
+    """Processes below ``pid`` in a timed sleep: the snippets running ``SLEEPER``."""
+    found = set()
+    for child in descendants(pid):
+        try:
+            with open(f"/proc/{child}/wchan") as f:
+                if "nanosleep" in f.read():
+                    found.add(child)
+        except OSError:
+            continue
+    return found
+
+
+@contextmanager
+def watching_sleepers(pid: int) -> Iterator[set[int]]:
+    """Every sleeping snippet seen below ``pid`` while the block runs (polled): a snippet
+    given up on before it started must never show up here."""
+    seen: set[int] = sleeping_pids(pid)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(sleeping_pids(pid))
+            stop.wait(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+
+
+def counted(redis_url: str, run: str) -> dict[str, int]:
+    pool = CodePool(redis_url)
+    try:
+        return pool.counters(run=run)
+    finally:
+        pool.close()
+
+
+def stored(redis_url: str, batch_id: str) -> dict[int, tuple[str, str]]:
+    """The batch's results hash: index -> (status, stderr)."""
+    client = redis.Redis.from_url(redis_url)
+    key = Settings.from_env(redis_url=redis_url).keys.batch_results(batch_id)
+    out = {}
+    for index, blob in client.hgetall(key).items():
+        result = codec.decode_result(blob)
+        out[int(index)] = (result.status, result.stderr)
+    client.close()
+    return out
+
+
+def test_a_caller_giving_up_spoils_no_batch_mate(redis_url: str, start_worker: StartWorker) -> None:
+    start_worker(concurrency=2)
+    with RemoteSandbox(redis_url, timeout=30.0, run="mates", linger_s=0.05) as sandbox:
+
+        async def main() -> list[object]:
+            # A call in flight, so the next ones are coalesced into one batch.
+            blocker = asyncio.ensure_future(sandbox.arun_code("import time\ntime.sleep(0.2)"))
+            while sandbox._in_flight == 0:
+                await asyncio.sleep(0.001)
+            # First in the batch: it would end (at 0.4 s) while its mates still wait.
+            late = asyncio.ensure_future(
+                sandbox.arun_code("import time\ntime.sleep(0.4)\nprint('late')")
+            )
+            mates = [
+                sandbox.arun_code(f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(7)
+            ]
+            given_up = asyncio.wait_for(late, 0.1)
+            return await asyncio.gather(given_up, *mates, blocker, return_exceptions=True)
+
+        gave_up, *results, blocker = asyncio.run(main())
+    assert isinstance(gave_up, TimeoutError)
+    outcomes = [(r.status, r.stdout, r.stderr[-200:]) for r in results]  # type: ignore[attr-defined]
+    assert outcomes == [("ok", f"{i}\n", "") for i in range(7)]
+    assert blocker.ok  # type: ignore[attr-defined]
+    got = counted(redis_url, "mates")
+    assert (got["calls"], got["ok"], got["cancelled"]) == (8, 8, 1), got
+    assert got.get("infra", 0) == got.get("error", 0) == 0
+
+
+def test_batch_cancel_kills_what_runs_and_starts_nothing_more(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    worker = start_worker(concurrency=2)
+    pool = CodePool(redis_url)
+    batch = pool.submit([SLEEPER] * 6, timeout_s=300, run="gave-up")
+    wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
+    with watching_sleepers(worker.process.pid) as seen:
+        assert batch.cancel() == 6
+        results = batch.results(timeout_s=60)
+        wait_until(lambda: sleeping_below(worker.process.pid) == 0, what="both killed")
+        # The slots are free: a following snippet starts at once.
+        after = pool.submit(["print('next')"], run="after").results(timeout_s=60)[0]
+    assert (after.status, after.stdout) == ("ok", "next\n")
+    assert [r.status for r in results] == ["cancelled"] * 6
+    assert len(seen) == 2, "a snippet given up on before it started ran"
+    # Nothing of theirs was written: each index holds its cancellation, counted once.
+    assert {status for status, _ in stored(redis_url, batch.id).values()} == {"cancelled"}
+    got = counted(redis_url, "gave-up")
+    assert (got.get("calls", 0), got["cancelled"]) == (0, 6), got
+    assert batch.cancel() == 0
+    pool.close()
+
+
+def test_cancelling_some_snippets_leaves_their_batch_mates_alone(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    worker = start_worker(concurrency=2)
+    pool = CodePool(redis_url)
+    codes = [SLEEPER, SLEEPER] + [f"print({i})" for i in range(2, 6)] + [SLEEPER]
+    batch = pool.submit(codes, timeout_s=300, run="some")
+    wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
+    with watching_sleepers(worker.process.pid) as seen:
+        assert asyncio.run(batch.acancel([0, 1, 6])) == 3
+        results = batch.results(timeout_s=60)
+    outcomes = [(r.status, r.stdout) for r in results]
+    assert outcomes == [("cancelled", "")] * 2 + [("ok", f"{i}\n") for i in range(2, 6)] + [
+        ("cancelled", "")
+    ]
+    assert len(seen) == 2  # the queued sleeper never started
+    got = counted(redis_url, "some")
+    assert (got["calls"], got["ok"], got["cancelled"]) == (4, 4, 3), got
+    pool.close()
+
+
+def test_closing_a_sandbox_or_a_pool_gives_up_on_what_is_in_flight(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    worker = start_worker(concurrency=2)
+    sandbox = RemoteSandbox(redis_url, timeout=300.0, run="closed")
+    futures = [sandbox.submit(SLEEPER) for _ in range(3)]
+    wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
+    sandbox.close()
+    results = [future.result(timeout=60) for future in futures]
+    assert [(r.status, r.stderr) for r in results] == [("cancelled", CLOSED_MESSAGE)] * 3
+    wait_until(lambda: sleeping_below(worker.process.pid) == 0, what="both killed")
+    pool = CodePool(redis_url)
+    batch = pool.submit([SLEEPER] * 3, timeout_s=300, run="closed")
+    wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
+    pool.close()
+    wait_until(lambda: sleeping_below(worker.process.pid) == 0, what="both killed")
+    assert {status for status, _ in stored(redis_url, batch.id).values()} == {"cancelled"}
+    got = counted(redis_url, "closed")
+    assert (got.get("calls", 0), got["cancelled"]) == (0, 6), got
+
+
+PRODUCER = """
+import sys
+from codepool.producer import CodePool
+
+pool = CodePool(sys.argv[1])
+batch = pool.submit([{code!r}] * 6, timeout_s=300, run="orphan")
+print(batch.id, flush=True)
+batch.results()
+"""
+
+
+def test_a_killed_producers_batch_is_cancelled_within_its_lease(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    lease = {"CODEPOOL_LEASE_S": "3"}  # producers and workers agree on it
+    worker = start_worker(concurrency=2, env=lease)
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER.format(code=SLEEPER))
+    producer = subprocess.Popen(
+        [sys.executable, str(script), redis_url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **lease},
+    )
+    assert producer.stdout is not None
+    batch_id = producer.stdout.readline().strip()
+    wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
+    with watching_sleepers(worker.process.pid) as seen:
+        producer.kill()
+        producer.wait()
+        wait_until(
+            lambda: sleeping_below(worker.process.pid) == 0,
+            timeout_s=60,
+            what="its running snippets killed once its lease lapsed",
+        )
+    assert len(seen) == 2, "a snippet of the dead producer's started after it died"
+    assert stored(redis_url, batch_id) == {
+        i: ("cancelled", PRODUCER_LOST_MESSAGE) for i in range(6)
+    }
+    got = counted(redis_url, "orphan")
+    assert (got.get("calls", 0), got["cancelled"]) == (0, 6), got
+    assert "lapsed; cancelled its 1 batches in flight" in worker.log()
+
+
+def test_a_batch_given_up_leaves_no_announcement_on_the_queue(redis_url: str) -> None:
+    # No worker: the announcements stay queued until the batch is given up on.
+    client = redis.Redis.from_url(redis_url)
+    queue = Queue("codepool", connection=client, serializer=MsgpackSerializer)
+    pool = CodePool(redis_url)
+    kept, dropped = pool.submit(["print(1)"] * 4), pool.submit(["print(2)"] * 4)
+    assert {job.rsplit("-", 1)[0] for job in queue.job_ids} == {kept.id, dropped.id}
+    assert kept.cancel([0, 1]) == 2  # some of it is still wanted: announced still
+    assert dropped.cancel([0, 1]) == 2 and dropped.cancel([2, 3]) == 2
+    assert {job.rsplit("-", 1)[0] for job in queue.job_ids} == {kept.id}
+    assert not any(client.exists(Job.key_for(job)) for job in dropped.announcements)
+    assert {r.status for r in dropped.results(timeout_s=5)} == {"cancelled"}
+    pool.close()
