@@ -42,10 +42,11 @@ def _store(
         [
             keys.batch_state(batch_id),
             keys.hosts(),
+            keys.open_batches(),
             keys.producers(),
             keys.producer_batches(producer),
         ],
-        [spec, n, run, 2, settings.batch_ttl_s, settings.lease_s, producer, batch_id],
+        [spec, n, run, 2, settings.batch_ttl_s, settings.lease_s, batch_id, producer],
     )
     return batch_id
 
@@ -61,6 +62,7 @@ def _claim(
             keys.batch_retry(batch_id),
             keys.leases(),
             keys.owner_batches(owner),
+            keys.open_batches(),
             keys.batch_results(batch_id),
         ],
         [owner, batch_id, room, 64, settings.lease_s, "1", 1],
@@ -141,8 +143,9 @@ def test_cancelled_indices_are_never_claimed(redis_url: str) -> None:
             keys.batch_retry(batch_id),
             keys.batch_results(batch_id),
             keys.batch_done(batch_id),
+            keys.open_batches(),
         ],
-        ["a", "0", settings.batch_ttl_s],
+        ["a", "0", settings.batch_ttl_s, batch_id],
     )
     assert reply[0] == 7
     # Cancelled while released: not claimed again.
