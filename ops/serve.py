@@ -74,6 +74,9 @@ class Service:
         self.draining = False  # the server stops: no new call is taken
         self._gave_up = False
         self._waiting: set[asyncio.Task[Any]] = set()  # the calls waiting on the pool
+        self.admission = Admission()
+        self._slots_at = -1e9
+        self._slots_task: asyncio.Task[None] | None = None
 
     def drain(self) -> None:
         """Take no new call (503); those waiting may still finish."""
@@ -84,9 +87,6 @@ class Service:
         self.draining = self._gave_up = True
         for task in list(self._waiting):
             task.cancel()
-        self.admission = Admission()
-        self._slots_at = -1e9
-        self._slots_task: asyncio.Task[None] | None = None
 
     def refresh_slots(self) -> None:
         """Look the pool's slots up (blocking; serve calls it once before it listens)."""
