@@ -101,7 +101,10 @@ class ProducerLease:
                 [keys.producers(), keys.producer_batches(self.name)],
                 [self.name, self.settings.batch_ttl_s, *through],
             )
-        except redis.RedisError as exc:
+        except (redis.RedisError, OSError, ValueError) as exc:
+            # OSError, ValueError: what redis-py raises for a socket closed under it. The
+            # thread must outlive any of them: a lease no longer renewed lapses, and a
+            # janitor cancels the batches a live producer still waits for.
             log.warning("producer %s: heartbeat failed: %s", self.name, exc)
             with self._lock:
                 self._through.update(through)
