@@ -54,6 +54,7 @@ def cancel(
         keys.batch_results(batch_id),
         keys.batch_done(batch_id),
         keys.batch_retry(batch_id),
+        keys.open_batches(),
         *count_hashes(keys, "", run),
     ]
     args: list[Any] = [

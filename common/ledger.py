@@ -293,8 +293,8 @@ return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4
 """.replace("MIN_SHARE", str(MIN_SHARE))
 
 
-# KEYS: state, results, done, retry, then the counter hashes (the minute hash second
-# among them, so KEYS[6]). ARGV: ttl_s, minute_ttl_s, the cancellation's result (an
+# KEYS: state, results, done, retry, open, then the counter hashes (the minute hash
+# second among them, so KEYS[7]). ARGV: ttl_s, minute_ttl_s, the cancellation's result (an
 # encoded ExecResult of status ``cancelled``), the same as msgpack bin (the done entry's
 # tail), the batch id, the channel prefix (Keys.cancel_channel('')), 'all' (the whole
 # batch) or '', then the indices to cancel.
@@ -306,7 +306,8 @@ return {#again, orphans, exhausted, st[2] or '', tonumber(st[3]) - tonumber(st[4
 # it), the batch's ``cancelled`` count makes CLAIM leave them out, and every dispatcher
 # holding claims in the batch hears ``{batch_id}|all`` or ``{batch_id}|i,j`` on its
 # channel, to drop what it has not started and kill what runs. The whole batch also has
-# nothing left to claim (``next`` = n, no released index waits).
+# nothing left to claim (``next`` = n, no released index waits) and is not open: no host
+# joins it to find that out.
 # -> how many indices were newly cancelled; -1 when the batch is gone.
 CANCEL = """
 local st = redis.call('HMGET', KEYS[1], 'n')
@@ -318,6 +319,7 @@ if whole then
   for i = 0, n - 1 do chosen[#chosen + 1] = i end
   redis.call('HSET', KEYS[1], 'next', n, 'retry', 0)
   redis.call('DEL', KEYS[4])
+  redis.call('ZREM', KEYS[5], ARGV[5])
 else
   for a = 8, #ARGV do
     local i = tonumber(ARGV[a])
@@ -344,8 +346,8 @@ for p = 1, #pushed, 1000 do
   redis.call('RPUSH', KEYS[3], unpack(pushed, p, math.min(p + 999, #pushed)))
 end
 redis.call('EXPIRE', KEYS[3], ARGV[1])
-for k = 5, #KEYS do redis.call('HINCRBY', KEYS[k], 'cancelled', #newly) end
-redis.call('EXPIRE', KEYS[6], ARGV[2])
+for k = 6, #KEYS do redis.call('HINCRBY', KEYS[k], 'cancelled', #newly) end
+redis.call('EXPIRE', KEYS[7], ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'cancelled', #newly)
 local message = ARGV[5] .. '|' .. (whole and 'all' or table.concat(newly, ','))
 local owners, cursor = {}, '0'

@@ -67,15 +67,21 @@ class ProducerLease:
         with self._lock:
             return {batch_id: run for batch_id, (run, _) in self._in_flight.items()}
 
-    def close(self) -> None:
-        """Stop renewing; what is through leaves Redis's set (and the lease with it)."""
+    def stop(self) -> None:
+        """Stop renewing, sending nothing more."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.beat()
 
-    def beat(self) -> None:
-        """Renew the lease and drop what this producer is through with (one call)."""
+    def close(self, conn: redis.Redis | None = None) -> None:
+        """Stop renewing; what is through leaves Redis's set (and the lease with it), on
+        ``conn`` if given."""
+        self.stop()
+        self.beat(conn)
+
+    def beat(self, conn: redis.Redis | None = None) -> None:
+        """Renew the lease and drop what this producer is through with (one call, on
+        ``conn`` if given)."""
         stale_s = self.settings.batch_ttl_s
         with self._lock:
             now = time.monotonic()
@@ -91,11 +97,14 @@ class ProducerLease:
         keys = self.settings.keys
         try:
             producer_beat_script(
-                self.conn,
+                conn or self.conn,
                 [keys.producers(), keys.producer_batches(self.name)],
                 [self.name, self.settings.batch_ttl_s, *through],
             )
-        except redis.RedisError as exc:
+        except (redis.RedisError, OSError, ValueError) as exc:
+            # OSError, ValueError: what redis-py raises for a socket closed under it. The
+            # thread must outlive any of them: a lease no longer renewed lapses, and a
+            # janitor cancels the batches a live producer still waits for.
             log.warning("producer %s: heartbeat failed: %s", self.name, exc)
             with self._lock:
                 self._through.update(through)

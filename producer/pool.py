@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 # Distinct (defaults, overrides) pairs whose Limits are remembered.
 LIMITS_CACHED = 64
+# What a close waits for Redis at most (seconds): a Redis that is gone must not hold it up.
+CLOSE_TIMEOUT_S = 2.0
 
 
 @functools.lru_cache(maxsize=LIMITS_CACHED)
@@ -302,16 +304,33 @@ class CodePool:
 
     def close(self) -> None:
         """Give up on the batches in flight (they are cancelled: nobody can collect them
-        from a closed pool), give the lease up and disconnect."""
+        from a closed pool; collections going on end), give the lease up and disconnect.
+        Redis gets one try of at most CLOSE_TIMEOUT_S for it, so a Redis that is gone
+        or frozen does not hold a close up: the lease is then left to lapse, and a
+        janitor cancels the batches within it."""
         if self._closed:
             return
         self._closed = True
         self._spare_wanted.set()
-        for batch_id, run in self.lease.in_flight().items():
-            try:
-                cancel(self.conn, self.settings, batch_id, run=run, message=CLOSED_MESSAGE)
-            except redis.RedisError as exc:
-                log.warning("batch %s: could not cancel it on close: %s", batch_id, exc)
-            self.lease.through(batch_id)
-        self.lease.close()
+        quick = redis_client(
+            self.settings.replace(
+                socket_timeout_s=CLOSE_TIMEOUT_S, connect_timeout_s=CLOSE_TIMEOUT_S
+            ),
+            retries=0,
+        )
+        try:
+            for batch_id, run in self.lease.in_flight().items():
+                cancel(quick, self.settings, batch_id, run=run, message=CLOSED_MESSAGE)
+                self.lease.through(batch_id)
+            self.lease.close(quick)
+        except redis.RedisError as exc:
+            log.warning(
+                "producer %s: could not give its batches up on close (%s); its lease is "
+                "left to lapse, and a janitor cancels them then",
+                self.name,
+                exc,
+            )
+            self.lease.stop()
+        finally:
+            quick.close()
         self.conn.close()

@@ -93,7 +93,6 @@ class RemoteSandbox:
         self._closed = False
         self._count_lock = threading.Lock()
         self._in_flight = 0  # calls submitted in batches and not yet resolved
-        self._batches: dict[str, Batch] = {}  # batches being collected (under _count_lock)
         self._given_up: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._canceller: threading.Thread | None = None
         self._batcher = threading.Thread(
@@ -210,18 +209,13 @@ class RemoteSandbox:
                 with self._count_lock:
                     self._in_flight += 1
                 self._resolve(call, cancelled(CLOSED_MESSAGE))
-        with self._count_lock:
-            batches = list(self._batches.values())
-        for batch in batches:
-            try:
-                batch.cancel(message=CLOSED_MESSAGE)
-            except CodepoolError as exc:
-                log.warning("batch %s: could not cancel it on close: %s", batch.id, exc)
+        # Gives up every batch still in flight, within a bounded wait on Redis, and ends
+        # the collections going on: their calls resolve cancelled.
+        self.pool.close()
         self._given_up.put(None)
         if self._canceller is not None:
-            self._canceller.join(timeout=10)
+            self._canceller.join(timeout=1)
         self._collectors.shutdown(wait=True)
-        self.pool.close()
 
     def __enter__(self) -> RemoteSandbox:
         return self
@@ -291,7 +285,6 @@ class RemoteSandbox:
                 self._resolve(call, infra(f"codepool: {exc}"))
             return
         with self._count_lock:
-            self._batches[batch.id] = batch
             for index, call in enumerate(calls):
                 call.batch, call.index = batch, index
             given_up = [call for call in calls if call.given_up]
@@ -313,9 +306,6 @@ class RemoteSandbox:
             for index, call in enumerate(calls):
                 if index not in resolved:
                     self._resolve(call, infra(f"codepool: {exc}"))
-        finally:
-            with self._count_lock:
-                self._batches.pop(batch.id, None)
 
     def _resolve(self, call: _Call, result: ExecResult) -> None:
         """Hand ``result`` to the call's caller, unless it gave up (its future is

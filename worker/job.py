@@ -347,8 +347,8 @@ class BatchExecution:
             self.drained = True  # nothing left to claim
         with self._running_lock:
             running = [f for i, f in self._futures.items() if indices is None or i in indices]
-        for future in running:
-            self.runner.executor.cancel(future)
+        if running:  # in one message: none takes a slot another of them frees
+            self.runner.executor.cancel_many(running)
         self._notes.put(0)
 
     def reconcile(self) -> None:

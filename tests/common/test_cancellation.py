@@ -167,6 +167,7 @@ def test_a_cancelled_batch_has_nothing_to_claim(redis_url: str) -> None:
     assert _claim(conn, settings, batch_id, "a", room=4) == []
     state = conn.hmget(settings.keys.batch_state(batch_id), "next", "retry", "cancelled")
     assert state == [b"100", b"0", b"100"]
+    assert conn.zscore(settings.keys.open_batches(), batch_id) is None  # nobody joins it
 
 
 def test_dispatchers_holding_claims_hear_of_it(redis_url: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from codepool.common.cancellation import CLOSED_MESSAGE, PRODUCER_LOST_MESSAGE
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.settings import Settings
 from codepool.ops.processes import descendants
+from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool, RemoteSandbox
 from tests.conftest import StartWorker, sleeping_below, wait_until
 
@@ -235,3 +237,26 @@ def test_a_batch_given_up_leaves_no_announcement_on_the_queue(redis_url: str) ->
     assert not any(client.exists(Job.key_for(job)) for job in dropped.announcements)
     assert {r.status for r in dropped.results(timeout_s=5)} == {"cancelled"}
     pool.close()
+
+
+def test_a_close_does_not_wait_for_a_frozen_redis() -> None:
+    # Giving up on close needs Redis; a Redis that is frozen (what a dead host or a cut
+    # link looks like) gets one short try, and the lease is left to lapse.
+    with RedisServer() as server:
+        assert server.process is not None
+        pool = CodePool(server.url)
+        pool.submit([SLEEPER] * 3)  # no worker: in flight, for good
+        sandbox = RemoteSandbox(server.url, timeout=300.0)
+        call = sandbox.submit(SLEEPER)
+        wait_until(lambda: bool(sandbox.pool.lease.in_flight()), what="the call in a batch")
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            closing = [threading.Thread(target=pool.close), threading.Thread(target=sandbox.close)]
+            for thread in closing:
+                thread.start()
+            for thread in closing:  # the socket timeout (30 s) is what an unbounded one waits
+                thread.join(timeout=15)
+            assert not any(thread.is_alive() for thread in closing), "a close waited for Redis"
+            assert call.result(timeout=5).status == "cancelled"
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)

@@ -142,26 +142,35 @@ class SupervisorClient:
         for a slot and kills it if it runs, and the future resolves with status
         ``cancelled`` (or with its result, if that came first). False if it is not
         pending here (resolved already)."""
+        return self.cancel_many([future]) == 1
+
+    def cancel_many(self, futures: Iterable[Future[ExecResult]]) -> int:
+        """``cancel`` for many snippets at once, in one message: none of them starts in
+        a slot another of them frees. Returns how many were pending here."""
+        wanted = set(futures)
         with self._lock:
-            found = next(((i, p) for i, p in self._pending.items() if p.future is future), None)
-            if found is None:
-                return False
-            request_id, pending = found
-            if pending.cancelled:
-                return True  # asked already
-            pending.cancelled = True
-            sock, sent = self._sock, pending.generation == self._generation
-        if sock is None or not sent:  # not on this connection: it is never sent again
+            found = [(i, p) for i, p in self._pending.items() if p.future in wanted]
+            sock, generation = self._sock, self._generation
+            ids, unsent = [], []
+            for request_id, pending in found:
+                if pending.cancelled:
+                    continue  # asked already
+                pending.cancelled = True
+                if sock is not None and pending.generation == generation:
+                    ids.append(request_id)
+                else:  # not on this connection: it is never sent again
+                    unsent.append(request_id)
+        for request_id in unsent:
             message = "codepool: cancelled: its caller gave up on it"
             self._finish(request_id, cancelled(message, worker=self.name))
-            return True
-        frame = encode_frame({"t": "cancel", "id": request_id})
-        try:
-            with self._send_lock:
-                sock.sendall(frame)
-        except OSError:
-            pass  # the reader sees the zygote die; a cancelled request is not re-sent
-        return True
+        if ids and sock is not None:
+            frame = encode_frame({"t": "cancel", "ids": ids})
+            try:
+                with self._send_lock:
+                    sock.sendall(frame)
+            except OSError:
+                pass  # the reader sees the zygote die; a cancelled request is not re-sent
+        return len(found)
 
     def run(self, code: Any, **keywords: Any) -> ExecResult:
         """Run one snippet and wait for its result. Keywords: as ``submit``'s."""

@@ -5,8 +5,9 @@ Messages (maps, key ``t`` is the type):
                                     concurrency, uids}
   client -> supervisor  ``run``    {id, code: bytes, limits: map, inputs?: map}
                                    (inputs: Snippet.inputs_record())
-  client -> supervisor  ``cancel`` {id}   (given up: dropped if queued, killed if running;
-                                   its result is then one of status ``cancelled``)
+  client -> supervisor  ``cancel`` {ids: [id]}  (given up: dropped if queued, killed if
+                                   running, all at once; each result is then one of status
+                                   ``cancelled``)
   supervisor -> client  ``result`` {id, r: ExecResult fields}
   client -> supervisor  ``withdraw`` {ids: [id], running: bool}: drop those of the
                         client's requests that have not started (with ``running``, kill

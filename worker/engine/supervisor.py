@@ -226,10 +226,10 @@ class Supervisor:
         if message.get("t") == "withdraw" and isinstance(message.get("ids"), list):
             self._withdraw(client, message["ids"], running=bool(message.get("running")))
             return
-        request_id = message.get("id")
-        if message.get("t") == "cancel" and isinstance(request_id, int):
-            self._cancel(client, request_id)
+        if message.get("t") == "cancel" and isinstance(message.get("ids"), list):
+            self._cancel(client, message["ids"])
             return
+        request_id = message.get("id")
         if message.get("t") != "run" or not isinstance(request_id, int):
             log.error("ignoring malformed message of type %r", message.get("t"))
             return
@@ -282,26 +282,30 @@ class Supervisor:
         if withdrawn:
             self._send(client, {"t": "withdrawn", "ids": withdrawn})
 
-    def _cancel(self, client: Client, request_id: int) -> None:
-        """The client gave up on a request: dropped if it waits, killed if it runs;
-        either way its result is a cancellation, sent at once. A killed child's slot is
-        free at once too: the next request starts while it dies (it runs nothing more),
-        not after the wake-up that reaps it. Nothing to do once its result went out."""
-        for request in self.queue:
-            if request.client is client and request.id == request_id:
-                self.queue.remove(request)
-                self._send(client, _cancelled(request_id))
-                return
-        for child in self.running.values():
+    def _cancel(self, client: Client, ids: list[Any]) -> None:
+        """The client gave up on requests ``ids``: those that wait are dropped, those
+        that run killed, all before anything else starts (so none of them takes a slot
+        another of them frees); each result is a cancellation, sent at once. A killed
+        child's slot is free at once too: the next request starts while it dies (it runs
+        nothing more), not after the wake-up that reaps it. Nothing to do for a request
+        whose result went out."""
+        wanted = set(ids)
+        dropped = [r for r in self.queue if r.client is client and r.id in wanted]
+        if dropped:
+            self.queue = collections.deque(
+                r for r in self.queue if not (r.client is client and r.id in wanted)
+            )
+        for request in dropped:
+            self._send(client, _cancelled(request.id))
+        for child in list(self.running.values()):
             asked = child.request
-            if asked is None or asked.client is not client or asked.id != request_id:
+            if asked is None or asked.client is not client or asked.id not in wanted:
                 continue
             if not child.reported:
                 child.cancelled, child.deadline = True, None
                 _kill(child.pid, group=not self.state.pidns)
                 self.dying[child.pid] = self.running.pop(child.pid)
                 self._report(child, -signal.SIGKILL, 0.0, 0, time.monotonic())
-            return
 
     # -- children ------------------------------------------------------------------
 
