@@ -3,9 +3,9 @@ announce the released work, and tidy RQ's records of it. What it finished was co
 when it was written (common/tally.py). A lapsed producer's batches are cancelled:
 nobody waits for them any more (common/cancellation.py).
 
-Any live dispatcher runs this from its heartbeat, and a producer while it waits, so a
-batch recovers whether or not its own producer is still there. Every step is idempotent:
-two janitors on the same lapsed dispatcher release its work once.
+Worker hosts run this from their beats (worker/lease.py), and a producer while it
+waits, so a batch recovers whether or not its own producer is still there. Every step
+is idempotent: two janitors on the same lapsed dispatcher release its work once.
 """
 
 from __future__ import annotations
@@ -110,9 +110,12 @@ class Janitor:
                 )
         return cancelled
 
-    def recover(self, owner: str, live: int) -> int:
+    def recover(self, owner: str, live: int, *, dead: bool = False) -> int:
+        """Fence a lapsed dispatcher (``dead``: one its own worker host saw die, at
+        once) and release what it had not finished; returns how many snippets."""
         keys = self.keys
-        if not fence_script(self.conn, [keys.leases()], [owner, self.settings.lease_s]):
+        lease_s = 0 if dead else self.settings.lease_s
+        if not fence_script(self.conn, [keys.leases(), keys.fenced()], [owner, lease_s]):
             return 0  # it came back, or another janitor finished it
         batches = {
             b.decode() for b in cast(set[bytes], self.conn.smembers(keys.owner_batches(owner)))
@@ -123,14 +126,16 @@ class Janitor:
             released += self.release(
                 batch_id, owner, live, graceful=False, announce_anyway=batch_id == held
             )
-        forget_script(self.conn, [keys.leases(), keys.owner_batches(owner)], [owner])
-        log.warning(
-            "janitor %s: dispatcher %s lapsed; released %d snippets of %d batches",
-            self.name,
-            owner,
-            released,
-            len(batches),
-        )
+        forget_script(self.conn, [keys.fenced(), keys.owner_batches(owner)], [owner])
+        if released or not dead:
+            log.warning(
+                "janitor %s: dispatcher %s %s; released %d snippets of %d batches",
+                self.name,
+                owner,
+                "died" if dead else "lapsed",
+                released,
+                len(batches),
+            )
         return released
 
     def release(

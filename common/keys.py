@@ -35,12 +35,18 @@ class Keys:
         return f"{self.prefix}batch:{batch_id}:retry"
 
     def leases(self) -> str:
-        """Sorted set: dispatcher -> last heartbeat (Redis server time, s); 0 = fenced."""
+        """Sorted set: dispatcher -> last heartbeat (Redis server time, s), renewed by
+        its worker host's beat."""
         return f"{self.prefix}leases"
 
+    def fenced(self) -> str:
+        """Sorted set: dispatcher -> when a janitor fenced it (Redis server time, s),
+        until its work is released; a fenced dispatcher is out of ``leases``."""
+        return f"{self.prefix}fenced"
+
     def hosts(self) -> str:
-        """Sorted set: worker host -> the last heartbeat of any of its dispatchers (Redis
-        server time, s): the live hosts a batch is announced to."""
+        """Sorted set: worker host -> its last beat (Redis server time, s): the live
+        hosts a batch is announced to."""
         return f"{self.prefix}hosts"
 
     def open_batches(self) -> str:

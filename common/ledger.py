@@ -3,20 +3,22 @@
 A producer stores a batch once (its ``state`` hash) and announces it on the RQ queue.
 Dispatchers on any host claim runs of its indices (fresh ones, or ones released from a
 lapsed claim first) and write each result with HSETNX, first write wins. Every
-dispatcher holds a lease: a heartbeat score in one sorted set, in Redis server time so
-the hosts' clocks do not matter. A dispatcher whose score is older than the lease is
-*lapsed*; a janitor (any live dispatcher, or a waiting producer) fences it (score 0),
-releases its unfinished indices to the batch's retry list and forgets it. A fenced
-dispatcher that comes back learns it from its next heartbeat and stops.
+dispatcher holds a lease: a score in one sorted set, in Redis server time so the hosts'
+clocks do not matter, which its worker host renews for all its dispatchers in one call
+a beat (``HOST_BEAT``). A dispatcher whose score is older than the lease is *lapsed*; a
+janitor (a worker host, or a waiting producer) fences it (it moves to ``fenced``),
+releases its unfinished indices to the batch's retry list and forgets it. A worker host
+that sees its own dispatcher die fences it at once. A fenced dispatcher that comes back
+learns it from its host's next beat and stops.
 
 Stats are counted by the write itself, in the same script call, for the results whose
 HSETNX was the first: so a result is counted exactly once however often it is written,
 retried or run again, and nothing is ever written but not counted.
 
-Batches are announced to the live *hosts* (``hosts``: each dispatcher's heartbeat
-renews its host's score too): one dispatcher per host joins a batch, and may use every
-slot its siblings leave free (worker/host_window.py); a claim leaves a share for every
-live dispatcher of another host. A batch that more than one host could share is *open*
+Batches are announced to the live *hosts* (``hosts``, renewed by the hosts' beats):
+one dispatcher per host joins a batch, and may use every slot its siblings leave free
+(worker/host_window.py); a claim leaves a share for every live dispatcher of another
+host. A batch that more than one host could share is *open*
 (``open``) from its store until its last index is claimed, and again while released
 work waits: a dispatcher joins the open batches its host is not on before it first
 waits on the queue, so a host that was not live when a batch was announced (a cold
@@ -36,11 +38,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from redis.client import Pipeline
 
+from codepool.common.keys import Keys
 from codepool.common.queueing import MIN_SHARE
 
 # KEYS: state, hosts, open, then producers and producer_batches. ARGV: spec, n, run,
@@ -197,46 +201,68 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
 """
 
-# KEYS: leases, hosts, then producers. ARGV: owner ('' to only watch), lease_s, first
-# ('1' on the first beat), the owner's host. Renews the owner's lease and its host's
-# (worker hosts forget hosts silent for an hour: killed, never back).
-# -> {1, live hosts, lapsed owners, lapsed producers} or {-1} when the owner was fenced or
-# forgotten meanwhile.
-HEARTBEAT = """
+# KEYS: leases, hosts, fenced, producers. ARGV: host ('' to leave its score as it is),
+# lease_s, janitor ('1': the janitor's round too), how many owners are new, the new
+# owners, then the owners to renew.
+# One call a beat renews every dispatcher of a worker host (and the host): new ones
+# join (NX), the others are renewed only if still there (XX): a fenced owner has left
+# ``leases`` for ``fenced``, and a beat never brings it back. Only when fewer were
+# renewed than asked does the call look for which. The janitor's round (not every beat:
+# worker/lease.py spreads them over the fleet) lists lapsed dispatchers, fenced ones a
+# janitor left unreleased for a lease (it died on the way), lapsed producers and the live
+# hosts.
+# -> {lost owners} or, with the round, {lost owners, lapsed owners, lapsed producers,
+#    live hosts}.
+HOST_BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-if ARGV[1] ~= '' then
-  local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  if ARGV[3] ~= '1' and ((not s) or tonumber(s) == 0) then return {-1} end
-  redis.call('ZADD', KEYS[1], now, ARGV[1])
-  redis.call('ZADD', KEYS[2], now, ARGV[4])
+local fresh = tonumber(ARGV[4])
+local first = 5 + fresh
+local lost = {}
+if fresh > 0 then
+  local pairs_ = {}
+  for i = 5, first - 1 do pairs_[#pairs_ + 1] = now; pairs_[#pairs_ + 1] = ARGV[i] end
+  redis.call('ZADD', KEYS[1], 'NX', unpack(pairs_))
 end
-local live = redis.call('ZCOUNT', KEYS[2], now - ARGV[2], '+inf')
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], 0, now - ARGV[2], 'LIMIT', 0, 16)
-local gone = {}
-if KEYS[3] then
-  gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - ARGV[2], 'LIMIT', 0, 16)
+if #ARGV >= first then
+  local pairs_ = {}
+  for i = first, #ARGV do pairs_[#pairs_ + 1] = now; pairs_[#pairs_ + 1] = ARGV[i] end
+  if redis.call('ZADD', KEYS[1], 'XX', 'CH', unpack(pairs_)) < #ARGV - first + 1 then
+    local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, first, #ARGV))
+    for i = first, #ARGV do
+      if not scores[i - first + 1] then lost[#lost + 1] = ARGV[i] end
+    end
+  end
 end
-return {1, live, lapsed, gone}
+if ARGV[1] ~= '' then redis.call('ZADD', KEYS[2], now, ARGV[1]) end
+if ARGV[3] ~= '1' then return {lost} end
+local since = now - ARGV[2]
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', since, 'LIMIT', 0, 16)
+for _, owner in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', since, 'LIMIT', 0, 16)) do
+  lapsed[#lapsed + 1] = owner
+end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', since, 'LIMIT', 0, 16)
+return {lost, lapsed, gone, redis.call('ZCOUNT', KEYS[2], since, '+inf')}
 """
 
-# KEYS: leases. ARGV: owner, lease_s. -> 1 if the owner is fenced now (or already was).
+# KEYS: leases, fenced. ARGV: owner, lease_s (0: fence it now, whatever its score: its
+# worker host saw it die). Moves a lapsed owner from ``leases`` to ``fenced``.
+# -> 1 if the owner is fenced now (or already was), 0 if it holds its lease (or is gone).
 FENCE = """
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
 local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not s then return 0 end
-if tonumber(s) == 0 then return 1 end
 local t = redis.call('TIME')
-if tonumber(s) > tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[2] then return 0 end
-redis.call('ZADD', KEYS[1], 0, ARGV[1])
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+if tonumber(ARGV[2]) > 0 and tonumber(s) > now - ARGV[2] then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
 return 1
 """
 
-# KEYS: leases, owner_batches. ARGV: owner. Drop a fenced owner once it is released.
+# KEYS: fenced, owner_batches. ARGV: owner. Drop a fenced owner once it is released.
 FORGET = """
-if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '-1') == 0 then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('DEL', KEYS[2])
-end
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('DEL', KEYS[2]) end
 return 0
 """
 
@@ -420,13 +446,54 @@ class Script:
 submit_script = Script(SUBMIT)
 claim_script = Script(CLAIM)
 write_script = Script(WRITE)
-heartbeat_script = Script(HEARTBEAT)
+host_beat_script = Script(HOST_BEAT)
 fence_script = Script(FENCE)
 forget_script = Script(FORGET)
 release_script = Script(RELEASE)
 cancel_script = Script(CANCEL)
 producer_beat_script = Script(PRODUCER_BEAT)
 abandon_script = Script(ABANDON)
+
+
+def host_beat(
+    conn: redis.Redis,
+    keys: Keys,
+    *,
+    host: str,
+    lease_s: float,
+    new: Sequence[str] = (),
+    kept: Sequence[str] = (),
+    janitor: bool = False,
+) -> HostBeat:
+    """One ``HOST_BEAT`` call: renew ``kept`` owners, take leases for ``new`` ones, and
+    renew ``host`` in the live hosts ('' leaves it); with ``janitor``, the round too."""
+    reply = host_beat_script(
+        conn,
+        [keys.leases(), keys.hosts(), keys.fenced(), keys.producers()],
+        [host, lease_s, "1" if janitor else "0", len(new), *new, *kept],
+    )
+    beat = HostBeat(lost=[_text(owner) for owner in reply[0]])
+    if janitor:
+        beat.lapsed = [_text(owner) for owner in reply[1]]
+        beat.lapsed_producers = [_text(producer) for producer in reply[2]]
+        beat.live = int(reply[3])
+    return beat
+
+
+@dataclass
+class HostBeat:
+    """What a ``HOST_BEAT`` call answered: the owners it could not renew (fenced or
+    gone) and, from a janitor's round, who lapsed and how many hosts are live (None
+    without a round)."""
+
+    lost: list[str]
+    lapsed: list[str] = field(default_factory=list)
+    lapsed_producers: list[str] = field(default_factory=list)
+    live: int | None = None
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def parse_indices(claim: str) -> list[int]:

@@ -35,7 +35,7 @@ from codepool.common.cancellation import CLOSED_MESSAGE, cancel
 from codepool.common.connection import redis_client
 from codepool.common.errors import ConfigError, RedisUnavailable
 from codepool.common.janitor import Janitor
-from codepool.common.ledger import heartbeat_script, submit_script
+from codepool.common.ledger import host_beat, submit_script
 from codepool.common.limits import Limits
 from codepool.common.queueing import announce, announcement, announcements_for, batch_queue
 from codepool.common.settings import Settings
@@ -271,21 +271,19 @@ class CodePool:
                 return self._watched
             self._watched_at = now
             try:
-                reply = heartbeat_script(
-                    self.conn,
-                    [self.keys.leases(), self.keys.hosts(), self.keys.producers()],
-                    ["", self.settings.lease_s, "0", ""],
+                beat = host_beat(
+                    self.conn, self.keys, host="", lease_s=self.settings.lease_s, janitor=True
                 )
             except redis.RedisError:
                 self.janitor.in_contact(False)
                 self._watched = None
                 return None
-            live, lapsed, gone = int(reply[1]), list(reply[2]), list(reply[3])
+            live = beat.live or 0
             trusted = self.janitor.in_contact(True)
-            if trusted and lapsed:
-                self.janitor.sweep(lapsed, live)
-            if trusted and gone:
-                self.janitor.abandon(gone)
+            if trusted and beat.lapsed:
+                self.janitor.sweep(beat.lapsed, live)
+            if trusted and beat.lapsed_producers:
+                self.janitor.abandon(beat.lapsed_producers)
             self._watched = live
             return live
 

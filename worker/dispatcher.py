@@ -45,14 +45,20 @@ from codepool.worker.engine.client import AttachedExecutor
 from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host_window import HostWindow
 from codepool.worker.job import BatchRunner, CodepoolJob
-from codepool.worker.lease import LeaseKeeper
+from codepool.worker.lease import DispatcherLease
+from codepool.worker.lease_board import LeaseBoard
 from codepool.worker.listen_turn import ListenTurn
 from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
-# RQ blocks in BLMOVE for worker_ttl - 15 s; the socket timeout must outlast that.
-WORKER_TTL_S = 35
+# An idle dispatcher's cost to Redis is RQ's: the one waiting on the queue (one a host,
+# worker/listen_turn.py) blocks in BLMOVE for DEQUEUE_TIMEOUT_S and beats between two
+# waits; the others beat every KEEPALIVE_S. RQ's worker key lives WORKER_TTL_S + 60 s.
+# (Liveness that matters, the lease, is the worker host's: worker/lease.py.)
+WORKER_TTL_S = 600
+DEQUEUE_TIMEOUT_S = 60
+KEEPALIVE_S = WORKER_TTL_S // 2
 # A heartbeat RQ sends within this long of the last is not sent.
 HEARTBEAT_REPEAT_S = 10.0
 # At most this long after a job's first snippets start, its dispatcher passes the listen
@@ -61,6 +67,7 @@ QUIET_START_S = 0.005
 # In the worker host's private dir: the dispatchers' shared counts and listen turn.
 WINDOW_FILE = "window"
 TURN_FILE = "listen-turn"
+LEASE_FILE = "leases"  # the host's lease board (worker/lease_board.py)
 # From the worker host at its drain deadline: take back what runs, give it back, exit.
 CUT_SIGNAL = signal.SIGUSR1
 
@@ -142,6 +149,7 @@ class Dispatcher(SimpleWorker):
 
     runner: BatchRunner | None = None
     turn: ListenTurn | None = None
+    slot = 0  # this dispatcher's place among its host's
     cut = False  # the host's drain deadline came
     _waiting = 0  # announcements behind the job just read (_read_and_claim)
     _beat_sent_at = -1e9  # monotonic time of the last heartbeat of RQ's default TTL
@@ -160,6 +168,23 @@ class Dispatcher(SimpleWorker):
     # again, and IDLE rides with the next heartbeat (RQ's suspension check, which pipes
     # one, comes next in its loop, as does the beat right after a job): fourteen round
     # trips a job less with prepare_execution's below; Redis holds the same.
+    @property
+    def dequeue_timeout(self) -> int:
+        return DEQUEUE_TIMEOUT_S
+
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        # RQ's registry cleaning takes a lock per queue: one dispatcher a host tries.
+        return self.slot == 0 and bool(super().should_run_maintenance_tasks)
+
+    def subscribe(self) -> None:
+        # RQ's per-worker command channel (its own pub/sub connection): dispatchers are
+        # stopped by their worker host's signals, so the connection would only idle.
+        self.pubsub = None
+
+    def unsubscribe(self) -> None:
+        pass
+
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)
@@ -219,7 +244,7 @@ class Dispatcher(SimpleWorker):
         if self.turn is None:
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         while True:
-            self.turn.take(keepalive=self.heartbeat, every_s=WORKER_TTL_S - 15)
+            self.turn.take(keepalive=self.heartbeat, every_s=KEEPALIVE_S)
             try:
                 # In the turn, so a sibling looking meanwhile leaves this batch to it.
                 batch_id = None if self._arrived else self._open_batch()
@@ -455,8 +480,7 @@ def main(argv: list[str]) -> int:
         format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
     )
     settings = Settings(**config.settings)
-    block_s = WORKER_TTL_S - 15
-    conn = redis_client(settings, block_s=block_s)
+    conn = redis_client(settings, block_s=DEQUEUE_TIMEOUT_S)
     executor = AttachedExecutor(config.socket_path, name=config.host)
     finished = FinishedBatches(
         conn, settings.keys, owner=config.name, flush_s=settings.stats_flush_s
@@ -477,17 +501,13 @@ def main(argv: list[str]) -> int:
         worker_ttl=WORKER_TTL_S,
         log_job_description=False,
     )
+    worker.slot = config.slot
     worker.turn = ListenTurn(os.path.join(config.host_dir, TURN_FILE))
     worker.claim_with_reads()
-    # A fenced dispatcher stops as on SIGTERM (in-flight snippets end, nothing more is
-    # written) and the worker host starts a fresh one in its place.
-    lease = LeaseKeeper(
-        conn,
-        settings,
-        owner=config.name,
-        host=config.host,
-        on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
-    )
+    # The host holds the lease; a fenced dispatcher is stopped by it as on SIGTERM
+    # (in-flight snippets end, nothing more is written) and started afresh.
+    board = LeaseBoard(os.path.join(config.host_dir, LEASE_FILE), config.dispatchers)
+    lease = DispatcherLease(conn, settings, owner=config.name, board=board, slot=config.slot)
     writer = ResultWriter(
         conn,
         settings.keys,
@@ -509,7 +529,13 @@ def main(argv: list[str]) -> int:
         lease=lease,
         window=window,
     )
-    lease.start()
+    if not lease.held():
+        log.error("dispatcher %s: its host could not take its lease; exiting", config.name)
+        executor.close()
+        worker.turn.close()
+        window.close()
+        board.close()
+        return 1
     finished.start()
     try:
         # RQ logs several INFO lines per job; one per batch (ours) is enough.
@@ -521,10 +547,10 @@ def main(argv: list[str]) -> int:
         worker.runner.close()
         writer.close()
         finished.stop()
-        lease.stop()
         executor.close()
         worker.turn.close()
         window.close()
+        board.close()
     return 0
 
 

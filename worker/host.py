@@ -40,14 +40,19 @@ from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
 from codepool.common.settings import DEFAULT_DRAIN_S, Settings
 from codepool.worker import host_window
-from codepool.worker.dispatcher import CUT_SIGNAL, WINDOW_FILE, DispatcherConfig
+from codepool.worker.dispatcher import CUT_SIGNAL, LEASE_FILE, WINDOW_FILE, DispatcherConfig
 from codepool.worker.engine import leftovers
 from codepool.worker.engine.executor import LocalExecutor
+from codepool.worker.lease import HostLease
+from codepool.worker.lease_board import LeaseBoard
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_EVERY_S = 5.0
+# The host's record for `codepool stats` and admission (ops/stats_view.ALIVE_S: 30 s);
+# its lease and its dispatchers' are renewed every beat by worker/lease.py.
+HEARTBEAT_EVERY_S = 10.0
 FORGET_HOSTS_AFTER_S = 3600.0
+FORGET_EVERY_BEATS = 6  # of HEARTBEAT_EVERY_S: hosts gone for an hour are dropped
 HOST_DIR_PREFIX = "codepool-worker-"
 QUICK_EXIT_S = 10.0
 # At most this long (and at most half the drain) is left to the dispatchers, after the
@@ -85,6 +90,7 @@ class WorkerHost:
         self._cut_sent = False
         self._killed = False
         self.dispatchers: dict[int, subprocess.Popen[bytes]] = {}
+        self._owners: dict[int, str] = {}  # slot -> the name of the dispatcher in it
         self._started_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         self._restart_at: dict[int, float] = {}
@@ -98,6 +104,13 @@ class WorkerHost:
             socket_timeout_s=HOST_REDIS_TIMEOUT_S, connect_timeout_s=HOST_REDIS_TIMEOUT_S
         )
         self.conn: redis.Redis = redis_client(quick, retries=0)
+        self.board = LeaseBoard(
+            os.path.join(self._dir, LEASE_FILE), self.dispatcher_count, create=True
+        )
+        self.lease = HostLease(
+            self.conn, settings, host=self.name, board=self.board, on_lost=self._lease_lost
+        )
+        self._beats = 0
 
     def serve(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -121,12 +134,15 @@ class WorkerHost:
                 self.settings.queue,
             )
             host_window.create(self._window_path, self.dispatcher_count)
+            self.lease.start()
             for slot in range(self.dispatcher_count):
                 if not self.signals:  # a stop asked for while the executor started
                     self._start_dispatcher(slot)
             self._supervise()
         finally:
             self._stop_dispatchers()
+            self.lease.stop()
+            self.board.close()
             if self.executor is not None:
                 self.executor.close()
             if self.stop_at is None or time.monotonic() < self.stop_at:
@@ -176,11 +192,14 @@ class WorkerHost:
                 _signal(process, signal.SIGKILL)
 
     def _start_dispatcher(self, slot: int) -> None:
+        # Unique per start: RQ refuses a live name, and a killed one lingers until TTL.
+        name = f"{self.name}.{slot}.{uuid.uuid4().hex[:8]}"
+        self._owners[slot] = name
+        self.lease.add(slot, name)  # the dispatcher waits for it before it takes work
         config = DispatcherConfig(
             settings=asdict(self.settings),
             socket_path=os.path.join(self._dir, "zygote.sock"),
-            # Unique per start: RQ refuses a live name, and a killed one lingers until TTL.
-            name=f"{self.name}.{slot}.{uuid.uuid4().hex[:8]}",
+            name=name,
             parent_pid=os.getpid(),
             host=self.name,
             max_limits=self.options.max_limits.to_dict(),
@@ -217,6 +236,7 @@ class WorkerHost:
                 del self.dispatchers[slot]
                 # What it had in the executor is not the host's to count any more.
                 host_window.clear(self._window_path, slot)
+                self.lease.remove(slot, self._owners[slot], died=code != 0)
                 if self.signals or self.options.burst:
                     continue
                 # One that dies young (Redis down, say) waits longer each time.
@@ -250,16 +270,26 @@ class WorkerHost:
                 self._drain()
                 time.sleep(POLL_S)
             del self.dispatchers[slot]
+            self.lease.remove(slot, self._owners[slot], died=process.returncode != 0)
+
+    def _lease_lost(self, slot: int) -> None:
+        # From the lease's thread: the dispatcher stops as on SIGTERM (what it runs ends,
+        # nothing more is written) and is started afresh under a new name.
+        process = self.dispatchers.get(slot)
+        if process is not None:
+            _signal(process, signal.SIGTERM)
 
     def _heartbeat(self) -> None:
         keys = self.settings.keys
         now = time.time()
+        self._beats += 1
         try:
             with self.conn.pipeline(transaction=False) as pipe:
                 pipe.zadd(keys.workers(), {self.name: now})
-                # Hosts killed and never back (the scores are Redis server time; an
-                # hour is far beyond any clock skew).
-                pipe.zremrangebyscore(keys.hosts(), "-inf", now - FORGET_HOSTS_AFTER_S)
+                if self._beats % FORGET_EVERY_BEATS == 1:
+                    # Hosts killed and never back (the scores are Redis server time; an
+                    # hour is far beyond any clock skew).
+                    pipe.zremrangebyscore(keys.hosts(), "-inf", now - FORGET_HOSTS_AFTER_S)
                 pipe.hset(
                     keys.worker_stats(self.name),
                     mapping={

@@ -53,7 +53,7 @@ from codepool.worker.cancels import CancelBook, CancelListener
 from codepool.worker.engine.client import SupervisorClient
 from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host_window import HostWindow
-from codepool.worker.lease import LeaseKeeper
+from codepool.worker.lease import DispatcherLease
 from codepool.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class BatchRunner:
         max_limits: Limits,
         stop_requested: Callable[[], bool],
         writer: ResultWriter,
-        lease: LeaseKeeper,
+        lease: DispatcherLease,
         window: HostWindow,
         cut_requested: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -373,7 +373,7 @@ class BatchExecution:
     # -- job thread -----------------------------------------------------------------
 
     def _stopping(self) -> bool:
-        return self.lost or self.runner.stop_requested() or self.runner.lease.lost.is_set()
+        return self.lost or self.runner.stop_requested() or self.runner.lease.is_lost()
 
     def _claim(self, room: int) -> None:
         runner, keys = self.runner, self.runner.keys
@@ -623,7 +623,7 @@ class BatchExecution:
                 last_beat = time.monotonic()
         if runner.current is self:
             runner.current = None
-        if not self.lost and not runner.lease.lost.is_set() and self.batch is not None:
+        if not self.lost and not runner.lease.is_lost() and self.batch is not None:
             if self.todo or not self.drained or self.taken_back:
                 # Stopping (SIGTERM): give back what was claimed and never ran here.
                 released = runner.lease.janitor.release(

@@ -40,7 +40,7 @@ from codepool.common.ledger import write_script
 from codepool.common.result import ExecResult
 from codepool.common.retry import retry_until
 from codepool.common.tally import write_calls
-from codepool.worker.lease import LeaseKeeper
+from codepool.worker.lease import DispatcherLease
 
 if TYPE_CHECKING:
     from codepool.worker.job import BatchExecution
@@ -73,7 +73,7 @@ class ResultWriter:
         conn: redis.Redis,
         keys: Keys,
         batch_ttl_s: int,
-        lease: LeaseKeeper,
+        lease: DispatcherLease,
         *,
         worker: str,
         minute_ttl_s: int,

@@ -13,7 +13,7 @@ from codepool.common.janitor import Janitor
 from codepool.common.ledger import (
     abandon_script,
     claim_script,
-    heartbeat_script,
+    host_beat,
     parse_indices,
     producer_beat_script,
     release_script,
@@ -218,10 +218,8 @@ def test_a_lapsed_producers_batches_are_cancelled_once(redis_url: str) -> None:
     assert conn.zscore(keys.producers(), "prod-2") is None
     # prod-1 lapses: the next heartbeat names it, and a janitor cancels its batches.
     conn.zadd(keys.producers(), {"prod-1": 1.0})
-    reply = heartbeat_script(
-        conn, [keys.leases(), keys.hosts(), keys.producers()], ["", 5.0, "0", ""]
-    )
-    assert reply[3] == [b"prod-1"]
+    beat = host_beat(conn, keys, host="", lease_s=5.0, janitor=True)
+    assert beat.lapsed_producers == ["prod-1"]
     janitor = Janitor(conn, settings, name="janitor")
     assert janitor.abandon([b"prod-1"]) == 6  # type: ignore[list-item]
     assert janitor.abandon([b"prod-1"]) == 0  # type: ignore[list-item]

@@ -11,8 +11,9 @@ import redis
 from codepool.common import codec, counters
 from codepool.common.janitor import Janitor
 from codepool.common.ledger import (
+    HostBeat,
     claim_script,
-    heartbeat_script,
+    host_beat,
     parse_indices,
     submit_script,
     write_script,
@@ -62,11 +63,19 @@ def _claim(
     return parse_indices(reply[1].decode()) if reply[1] else []
 
 
-def _beat(
-    conn: redis.Redis, settings: Settings, owner: str, host: str = "h"
-) -> list[int | list[bytes]]:
-    keys = [settings.keys.leases(), settings.keys.hosts()]
-    return list(heartbeat_script(conn, keys, [owner, settings.lease_s, "1", host]))
+def _beat(conn: redis.Redis, settings: Settings, owner: str, host: str = "h") -> HostBeat:
+    """Host ``host``'s beat for its one dispatcher ``owner`` (its lease taken the first
+    time), with the janitor's round."""
+    there = conn.zscore(settings.keys.leases(), owner) is not None
+    return host_beat(
+        conn,
+        settings.keys,
+        host=host,
+        lease_s=settings.lease_s,
+        new=[] if there else [owner],
+        kept=[owner] if there else [],
+        janitor=True,
+    )
 
 
 def _write_many(
@@ -130,17 +139,18 @@ def test_a_lapsed_dispatchers_unfinished_work_is_released_once(redis_url: str) -
         assert _write(conn, settings, batch_id, index) == 1
     # Lapse "dead": its heartbeat is older than the lease.
     conn.zadd(settings.keys.leases(), {"dead": 1.0})
-    reply = _beat(conn, settings, "alive")
-    assert reply[2] == [b"dead"]
+    assert _beat(conn, settings, "alive").lapsed == ["dead"]
     janitor = Janitor(conn, settings, name="alive")
     assert janitor.sweep([b"dead"], live=1) == 7  # type: ignore[list-item]
     assert janitor.sweep([b"dead"], live=1) == 0  # type: ignore[list-item]
     # Released indices are claimed before anything else, by a live dispatcher.
     again = _claim(conn, settings, batch_id, "alive", room=10)
     assert again == [3, 4, 5, 6, 7, 8, 9]
-    # The fenced dispatcher learns it at its next heartbeat and may claim nothing.
-    keys = [settings.keys.leases(), settings.keys.hosts()]
-    assert heartbeat_script(conn, keys, ["dead", 5.0, "0", "h"])[0] == -1
+    # The fenced dispatcher learns it at its host's next beat (which does not bring it
+    # back) and may claim nothing.
+    beat = host_beat(conn, settings.keys, host="h", lease_s=5.0, kept=["alive", "dead"])
+    assert beat.lost == ["dead"] and beat.live is None
+    assert conn.zscore(settings.keys.leases(), "dead") is None
     assert _claim(conn, settings, batch_id, "dead", 1) is None
     # The three it finished were counted as they were written, and only then.
     assert counters.parse(conn.hgetall(settings.keys.stats()))["calls"] == 3
@@ -249,9 +259,8 @@ def test_batches_see_live_hosts_and_a_claim_says_when_it_was_the_last(redis_url:
     # submit alike; a host whose dispatchers fell silent is not live any more.
     _beat(conn, settings, "h1.0.x", host="h1")
     _beat(conn, settings, "h1.1.y", host="h1")
-    assert _beat(conn, settings, "h2.0.z", host="h2")[1] == 2
-    watch = heartbeat_script(conn, [keys.leases(), keys.hosts()], ["", 5.0, "0", ""])
-    assert watch[1] == 2
+    assert _beat(conn, settings, "h2.0.z", host="h2").live == 2
+    assert host_beat(conn, keys, host="", lease_s=5.0, janitor=True).live == 2
     batch_id = new_batch_id()
     spec = BatchJob.from_codes(batch_id, ["print(1)"] * 5, Limits(), "", 0.0).encode()
     state = [keys.batch_state(batch_id), keys.hosts(), keys.open_batches()]

@@ -16,7 +16,7 @@ from rq.registry import FinishedJobRegistry
 
 from codepool.common.codec import MsgpackSerializer, decode_result
 from codepool.common.keys import Keys
-from codepool.common.ledger import heartbeat_script
+from codepool.common.ledger import host_beat
 from codepool.common.result import LIMITS
 from codepool.common.settings import Settings
 from codepool.producer import CodePool, RemoteSandbox
@@ -226,7 +226,7 @@ def test_a_submit_announces_to_hosts_that_went_live_since_the_previous_one(
     assert announced(first.id) == 1  # no host live
     keys, lease_s = pool.settings.keys, pool.settings.lease_s
     for host in ("a", "b", "c"):
-        heartbeat_script(client, [keys.leases(), keys.hosts()], [f"{host}.0", lease_s, "1", host])
+        host_beat(client, keys, host=host, lease_s=lease_s, new=[f"{host}.0"])
     # Counted from the previous submit (none live), the store says three are live now.
     assert announced(pool.submit(["print(2)"] * 10).id) == 3
     assert announced(pool.submit(["print(3)"] * 10).id) == 3
