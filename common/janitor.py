@@ -1,7 +1,7 @@
-"""Recovering a lapsed dispatcher's work: fence it, release what it had not finished,
-announce the released work, and tidy RQ's records of it. What it finished was counted
-when it was written (common/tally.py). A lapsed producer's batches are cancelled:
-nobody waits for them any more (common/cancellation.py).
+"""Recovering a lapsed worker host's work: fence it and its dispatchers, release what
+they had not finished, announce the released work, and tidy RQ's records of them. What
+they finished was counted when it was written (common/tally.py). A lapsed producer's
+batches are cancelled: nobody waits for them any more (common/cancellation.py).
 
 Worker hosts run this from their beats (worker/lease.py), and a producer while it
 waits, so a batch recovers whether or not its own producer is still there. Every step
@@ -64,18 +64,19 @@ class Janitor:
         return now - self._contact_since >= self.settings.lease_s
 
     def sweep(self, lapsed: list[str], live: int) -> int:
-        """Recover each lapsed dispatcher; returns how many snippets were released."""
+        """Recover each lapsed worker host (and each fenced one a janitor left
+        unreleased); returns how many snippets were released."""
         released = 0
         for raw in lapsed:
-            owner = raw.decode() if isinstance(raw, bytes) else str(raw)
+            name = raw.decode() if isinstance(raw, bytes) else str(raw)
             try:
-                released += self.recover(owner, live)
+                released += self.recover(name, live)
             except redis.RedisError as exc:
-                log.warning("janitor %s: recovering %s failed: %s", self.name, owner, exc)
+                log.warning("janitor %s: recovering %s failed: %s", self.name, name, exc)
         return released
 
     def abandon(self, lapsed: list[str]) -> int:
-        """Cancel the batches of each lapsed producer (``HEARTBEAT``'s fourth reply);
+        """Cancel the batches of each lapsed producer (``HOST_BEAT``'s round);
         returns how many snippets were cancelled."""
         keys, cancelled = self.keys, 0
         for raw in lapsed:
@@ -110,32 +111,56 @@ class Janitor:
                 )
         return cancelled
 
-    def recover(self, owner: str, live: int, *, dead: bool = False) -> int:
-        """Fence a lapsed dispatcher (``dead``: one its own worker host saw die, at
-        once) and release what it had not finished; returns how many snippets."""
+    def recover(self, name: str, live: int, *, dead: bool = False) -> int:
+        """Fence a lapsed worker host and each of its dispatchers, or one dispatcher
+        (``dead``: its own worker host saw it die, so at once), and release what they
+        had not finished; returns how many snippets."""
         keys = self.keys
-        lease_s = 0 if dead else self.settings.lease_s
-        if not fence_script(self.conn, [keys.leases(), keys.fenced()], [owner, lease_s]):
+        if not self._fence(name, 0 if dead else self.settings.lease_s):
             return 0  # it came back, or another janitor finished it
+        owners = sorted(
+            o.decode() for o in cast(set[bytes], self.conn.smembers(keys.host_owners(name)))
+        )
+        released = 0
+        for owner in owners:
+            self._fence(owner, 0)
+            released += self._release_all(owner, live)
+        released += self._release_all(name, live)
+        if owners:
+            log.warning(
+                "janitor %s: worker host %s lapsed; released %d snippets of its %d dispatchers",
+                self.name,
+                name,
+                released,
+                len(owners),
+            )
+        elif released:
+            what = "died" if dead else "lapsed"
+            log.warning(
+                "janitor %s: dispatcher %s %s; released %d", self.name, name, what, released
+            )
+        return released
+
+    def _fence(self, name: str, lease_s: float) -> bool:
+        keys = self.keys
+        return bool(
+            fence_script(self.conn, [keys.hosts(), keys.leases(), keys.fenced()], [name, lease_s])
+        )
+
+    def _release_all(self, name: str, live: int) -> int:
+        """Release what fenced ``name`` claimed and did not finish, then forget it."""
+        keys = self.keys
         batches = {
-            b.decode() for b in cast(set[bytes], self.conn.smembers(keys.owner_batches(owner)))
+            b.decode() for b in cast(set[bytes], self.conn.smembers(keys.owner_batches(name)))
         }
-        held = self._retire_rq_worker(owner)
+        held = self._retire_rq_worker(name)
         released = 0
         for batch_id in sorted(batches | ({held} if held else set())):
             released += self.release(
-                batch_id, owner, live, graceful=False, announce_anyway=batch_id == held
+                batch_id, name, live, graceful=False, announce_anyway=batch_id == held
             )
-        forget_script(self.conn, [keys.fenced(), keys.owner_batches(owner)], [owner])
-        if released or not dead:
-            log.warning(
-                "janitor %s: dispatcher %s %s; released %d snippets of %d batches",
-                self.name,
-                owner,
-                "died" if dead else "lapsed",
-                released,
-                len(batches),
-            )
+        forget_keys = [keys.fenced(), keys.owner_batches(name), keys.host_owners(name)]
+        forget_script(self.conn, forget_keys, [name])
         return released
 
     def release(

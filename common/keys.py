@@ -35,18 +35,22 @@ class Keys:
         return f"{self.prefix}batch:{batch_id}:retry"
 
     def leases(self) -> str:
-        """Sorted set: dispatcher -> last heartbeat (Redis server time, s), renewed by
-        its worker host's beat."""
+        """Sorted set: registered dispatcher -> when it registered (Redis server time,
+        s); its lease is its worker host's (``hosts``). Fenced ones have left it."""
         return f"{self.prefix}leases"
 
+    def host_owners(self, host: str) -> str:
+        """Set: the dispatchers registered under a worker host's lease."""
+        return f"{self.prefix}host:{host}:owners"
+
     def fenced(self) -> str:
-        """Sorted set: dispatcher -> when a janitor fenced it (Redis server time, s),
-        until its work is released; a fenced dispatcher is out of ``leases``."""
+        """Sorted set: worker host or dispatcher -> when a janitor fenced it (Redis
+        server time, s), until its work is released."""
         return f"{self.prefix}fenced"
 
     def hosts(self) -> str:
-        """Sorted set: worker host -> its last beat (Redis server time, s): the live
-        hosts a batch is announced to."""
+        """Sorted set: worker host -> its last beat (Redis server time, s): its lease
+        and its dispatchers', and the live hosts a batch is announced to."""
         return f"{self.prefix}hosts"
 
     def open_batches(self) -> str:

@@ -3,13 +3,14 @@
 A producer stores a batch once (its ``state`` hash) and announces it on the RQ queue.
 Dispatchers on any host claim runs of its indices (fresh ones, or ones released from a
 lapsed claim first) and write each result with HSETNX, first write wins. Every
-dispatcher holds a lease: a score in one sorted set, in Redis server time so the hosts'
-clocks do not matter, which its worker host renews for all its dispatchers in one call
-a beat (``HOST_BEAT``). A dispatcher whose score is older than the lease is *lapsed*; a
-janitor (a worker host, or a waiting producer) fences it (it moves to ``fenced``),
-releases its unfinished indices to the batch's retry list and forgets it. A worker host
-that sees its own dispatcher die fences it at once. A fenced dispatcher that comes back
-learns it from its host's next beat and stops.
+dispatcher is registered (``leases``) under its worker host, and the host holds the
+lease of all of them: its score in ``hosts``, in Redis server time so the hosts' clocks
+do not matter, renewed in one call a beat (``HOST_BEAT``). A host whose score is older
+than the lease is *lapsed*; a janitor (a worker host, or a waiting producer) fences it
+and each of its dispatchers (they move to ``fenced``), releases their unfinished
+indices to the batches' retry lists and forgets them. A worker host that sees its own
+dispatcher die fences that one at once. A fenced host that comes back learns it from
+its next beat and stops its dispatchers.
 
 Stats are counted by the write itself, in the same script call, for the results whose
 HSETNX was the first: so a result is counted exactly once however often it is written,
@@ -83,13 +84,12 @@ return redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf')
 #    ones); last = 1 when nothing is left to claim after this one (no claim need follow).
 # Claims are fields ``c:{id}`` = ``owner|indices`` of the state hash (one HSET with the
 # ``next`` counter). Fresh runs shrink as the batch drains (guided self-scheduling):
-# what is left over one plus twice the dispatchers live now on other hosts (each may
+# what is left over one plus twice the dispatchers registered on other hosts (each may
 # steal a share), at least what the claimer has room for, at most max_k (what the
 # claimer finishes in about a second at its pace so far: hosts that join later find
 # work left). The last claim closes the batch (out of ``open``).
 _CLAIM_RUN = """
-local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
-if (not score) or tonumber(score) == 0 then return {-2} end
+if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return {-2} end
 local st = redis.call('HMGET', KEYS[1], 'n', 'next', 'retry')
 if not st[1] then
   redis.call('ZREM', KEYS[5], ARGV[2])
@@ -119,8 +119,7 @@ if nxt >= n then
   return {0, '', spec}
 end
 local left = n - nxt
-local t = redis.call('TIME')
-local live = redis.call('ZCOUNT', KEYS[3], tonumber(t[1]) + tonumber(t[2]) / 1e6 - ARGV[5], '+inf')
+local live = redis.call('ZCARD', KEYS[3])
 local k = math.ceil(left / (1 + 2 * math.max(0, live - tonumber(ARGV[7]))))
 k = math.min(math.max(k, min_k), max_k, left)
 local claim = nxt .. '-' .. (nxt + k - 1)
@@ -201,68 +200,71 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
 """
 
-# KEYS: leases, hosts, fenced, producers. ARGV: host ('' to leave its score as it is),
-# lease_s, janitor ('1': the janitor's round too), how many owners are new, the new
-# owners, then the owners to renew.
-# One call a beat renews every dispatcher of a worker host (and the host): new ones
-# join (NX), the others are renewed only if still there (XX): a fenced owner has left
-# ``leases`` for ``fenced``, and a beat never brings it back. Only when fewer were
-# renewed than asked does the call look for which. The janitor's round (not every beat:
-# worker/lease.py spreads them over the fleet) lists lapsed dispatchers, fenced ones a
-# janitor left unreleased for a lease (it died on the way), lapsed producers and the live
-# hosts.
-# -> {lost owners} or, with the round, {lost owners, lapsed owners, lapsed producers,
-#    live hosts}.
+# KEYS: hosts, leases, the host's owners, fenced, producers. ARGV: host ('' to only
+# watch), lease_s, janitor ('1': the janitor's round too), first ('1': the host's first
+# beat), then dispatchers new since the last beat.
+# A worker host's beat, one call whatever its slot count: it renews the host's lease, its
+# score in ``hosts``, which is the lease of all its dispatchers. A dispatcher is
+# registered once, when it starts (``leases`` and the host's owner set); a host that was
+# fenced is not renewed (XX) and learns it was lost. The janitor's round (not every
+# beat: worker/lease.py spreads them over the fleet) lists the lapsed hosts, the fenced
+# hosts and dispatchers a janitor left unreleased for a lease (it died on the way), the
+# lapsed producers, and counts the live hosts.
+# -> {lost} or, with the round, {lost, lapsed hosts and fenced leftovers, lapsed
+#    producers, live hosts}; lost = 1 when the host was fenced.
 HOST_BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local fresh = tonumber(ARGV[4])
-local first = 5 + fresh
-local lost = {}
-if fresh > 0 then
-  local pairs_ = {}
-  for i = 5, first - 1 do pairs_[#pairs_ + 1] = now; pairs_[#pairs_ + 1] = ARGV[i] end
-  redis.call('ZADD', KEYS[1], 'NX', unpack(pairs_))
-end
-if #ARGV >= first then
-  local pairs_ = {}
-  for i = first, #ARGV do pairs_[#pairs_ + 1] = now; pairs_[#pairs_ + 1] = ARGV[i] end
-  if redis.call('ZADD', KEYS[1], 'XX', 'CH', unpack(pairs_)) < #ARGV - first + 1 then
-    local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, first, #ARGV))
-    for i = first, #ARGV do
-      if not scores[i - first + 1] then lost[#lost + 1] = ARGV[i] end
-    end
+local lost = 0
+if ARGV[1] ~= '' then
+  if ARGV[4] == '1' then
+    redis.call('ZADD', KEYS[1], now, ARGV[1])
+  elseif redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[1]) == 0 then
+    lost = 1
+  end
+  if lost == 0 and #ARGV > 4 then
+    local pairs_ = {}
+    for i = 5, #ARGV do pairs_[#pairs_ + 1] = now; pairs_[#pairs_ + 1] = ARGV[i] end
+    redis.call('ZADD', KEYS[2], 'NX', unpack(pairs_))
+    redis.call('SADD', KEYS[3], unpack(ARGV, 5, #ARGV))
   end
 end
-if ARGV[1] ~= '' then redis.call('ZADD', KEYS[2], now, ARGV[1]) end
 if ARGV[3] ~= '1' then return {lost} end
 local since = now - ARGV[2]
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', since, 'LIMIT', 0, 16)
-for _, owner in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', since, 'LIMIT', 0, 16)) do
-  lapsed[#lapsed + 1] = owner
+for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', since, 'LIMIT', 0, 16)) do
+  lapsed[#lapsed + 1] = name
 end
-local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', since, 'LIMIT', 0, 16)
-return {lost, lapsed, gone, redis.call('ZCOUNT', KEYS[2], since, '+inf')}
+local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', since, 'LIMIT', 0, 16)
+return {lost, lapsed, gone, redis.call('ZCOUNT', KEYS[1], since, '+inf')}
 """
 
-# KEYS: leases, fenced. ARGV: owner, lease_s (0: fence it now, whatever its score: its
-# worker host saw it die). Moves a lapsed owner from ``leases`` to ``fenced``.
-# -> 1 if the owner is fenced now (or already was), 0 if it holds its lease (or is gone).
+# KEYS: hosts, leases, fenced. ARGV: a host or a dispatcher, lease_s (0: now, whatever
+# its score: a dispatcher its worker host saw die, or one of a lapsed host). Moves a
+# lapsed host out of ``hosts`` (its beats find it gone), a dispatcher out of ``leases``
+# (it may claim nothing more), into ``fenced`` until a janitor has released its work.
+# -> 1 if it is fenced now (or already was), 0 if it holds its lease (or is gone).
 FENCE = """
-if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
-local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 1 end
+local where = KEYS[1]
+local s = redis.call('ZSCORE', where, ARGV[1])
+if not s then
+  where = KEYS[2]
+  s = redis.call('ZSCORE', where, ARGV[1])
+end
 if not s then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if tonumber(ARGV[2]) > 0 and tonumber(s) > now - ARGV[2] then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('ZREM', where, ARGV[1])
+redis.call('ZADD', KEYS[3], now, ARGV[1])
 return 1
 """
 
-# KEYS: fenced, owner_batches. ARGV: owner. Drop a fenced owner once it is released.
+# KEYS: fenced, owner_batches, host's owners (both of the fenced name). ARGV: the name.
+# Drop a fenced host or dispatcher once its work is released.
 FORGET = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('DEL', KEYS[2]) end
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('DEL', KEYS[2], KEYS[3]) end
 return 0
 """
 
@@ -461,20 +463,27 @@ def host_beat(
     *,
     host: str,
     lease_s: float,
+    first: bool = False,
     new: Sequence[str] = (),
-    kept: Sequence[str] = (),
     janitor: bool = False,
 ) -> HostBeat:
-    """One ``HOST_BEAT`` call: renew ``kept`` owners, take leases for ``new`` ones, and
-    renew ``host`` in the live hosts ('' leaves it); with ``janitor``, the round too."""
+    """One ``HOST_BEAT`` call: renew worker host ``host``'s lease ('' only watches;
+    ``first`` takes it) and register its ``new`` dispatchers; with ``janitor``, the
+    janitor's round too."""
     reply = host_beat_script(
         conn,
-        [keys.leases(), keys.hosts(), keys.fenced(), keys.producers()],
-        [host, lease_s, "1" if janitor else "0", len(new), *new, *kept],
+        [
+            keys.hosts(),
+            keys.leases(),
+            keys.host_owners(host),
+            keys.fenced(),
+            keys.producers(),
+        ],
+        [host, lease_s, "1" if janitor else "0", "1" if first else "0", *new],
     )
-    beat = HostBeat(lost=[_text(owner) for owner in reply[0]])
+    beat = HostBeat(lost=int(reply[0]) == 1)
     if janitor:
-        beat.lapsed = [_text(owner) for owner in reply[1]]
+        beat.lapsed = [_text(name) for name in reply[1]]
         beat.lapsed_producers = [_text(producer) for producer in reply[2]]
         beat.live = int(reply[3])
     return beat
@@ -482,11 +491,11 @@ def host_beat(
 
 @dataclass
 class HostBeat:
-    """What a ``HOST_BEAT`` call answered: the owners it could not renew (fenced or
-    gone) and, from a janitor's round, who lapsed and how many hosts are live (None
-    without a round)."""
+    """What a ``HOST_BEAT`` call answered: whether the host was fenced (its lease, and
+    all its dispatchers', lost) and, from a janitor's round, the hosts (and fenced
+    leftovers) and producers that lapsed and how many hosts are live (None without)."""
 
-    lost: list[str]
+    lost: bool
     lapsed: list[str] = field(default_factory=list)
     lapsed_producers: list[str] = field(default_factory=list)
     live: int | None = None

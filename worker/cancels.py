@@ -96,7 +96,11 @@ class CancelListener:
                     message = pubsub.get_message(timeout=POLL_S)
                     if message is not None:
                         self._take(message)
-            except redis.RedisError as exc:
+            except (redis.RedisError, OSError, ValueError) as exc:
+                # OSError and ValueError: redis-py's, on a socket closed under the read
+                # (the dispatcher closing its client as it stops).
+                if self._stop.is_set():
+                    return
                 log.warning("%s: subscription lost, subscribing again: %s", self.channel, exc)
                 self._stop.wait(0.5)
             finally:

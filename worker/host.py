@@ -49,10 +49,8 @@ from codepool.worker.lease_board import LeaseBoard
 log = logging.getLogger(__name__)
 
 # The host's record for `codepool stats` and admission (ops/stats_view.ALIVE_S: 30 s);
-# its lease and its dispatchers' are renewed every beat by worker/lease.py.
+# its lease, which is its dispatchers' too, is renewed every beat by worker/lease.py.
 HEARTBEAT_EVERY_S = 10.0
-FORGET_HOSTS_AFTER_S = 3600.0
-FORGET_EVERY_BEATS = 6  # of HEARTBEAT_EVERY_S: hosts gone for an hour are dropped
 HOST_DIR_PREFIX = "codepool-worker-"
 QUICK_EXIT_S = 10.0
 # At most this long (and at most half the drain) is left to the dispatchers, after the
@@ -110,7 +108,6 @@ class WorkerHost:
         self.lease = HostLease(
             self.conn, settings, host=self.name, board=self.board, on_lost=self._lease_lost
         )
-        self._beats = 0
 
     def serve(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -282,14 +279,9 @@ class WorkerHost:
     def _heartbeat(self) -> None:
         keys = self.settings.keys
         now = time.time()
-        self._beats += 1
         try:
             with self.conn.pipeline(transaction=False) as pipe:
                 pipe.zadd(keys.workers(), {self.name: now})
-                if self._beats % FORGET_EVERY_BEATS == 1:
-                    # Hosts killed and never back (the scores are Redis server time; an
-                    # hour is far beyond any clock skew).
-                    pipe.zremrangebyscore(keys.hosts(), "-inf", now - FORGET_HOSTS_AFTER_S)
                 pipe.hset(
                     keys.worker_stats(self.name),
                     mapping={
@@ -308,7 +300,6 @@ class WorkerHost:
         try:
             with self.conn.pipeline(transaction=False) as pipe:
                 pipe.zrem(keys.workers(), self.name)
-                pipe.zrem(keys.hosts(), self.name)
                 pipe.execute()
         except redis.RedisError:
             pass

@@ -1,13 +1,15 @@
-"""Leases: the worker host keeps those of all its dispatchers, in one Redis call a beat
-(``ledger.HOST_BEAT``), and is the fleet's janitor now and then; each dispatcher reads
-the outcome from the host's lease board (worker/lease_board.py).
+"""Leases: a worker host holds one lease, its score in ``hosts``, which is the lease of
+all its dispatchers too: its beat renews it in one small script call
+(``ledger.HOST_BEAT``) whatever its slot count, and now and then it is the fleet's
+janitor; each dispatcher reads the outcome from the host's lease board
+(worker/lease_board.py).
 
-What an idle host costs Redis therefore does not grow with its slots: one small script
-a beat for every dispatcher and the host itself, the janitor's round spread over the
-fleet (each host looks about every ``live hosts`` beats, at least every lease, so the
-fleet as a whole looks about once a beat). A dispatcher the host sees die is fenced and
-its claims released at once; one that exits cleanly gave back what it claimed, and its
-lease is given up.
+A dispatcher is registered under the host's lease once, when it starts. Each host runs
+the janitor's round about every ``live hosts`` beats, at least once a lease, so the
+fleet as a whole looks about once a beat. A dispatcher the host sees die is fenced and
+its claims released at once; one that exits cleanly gave back what it claimed, and is
+unregistered. A host whose lease lapsed (killed, frozen, cut off) is fenced by a
+janitor with all its dispatchers; if it comes back, it stops them and starts afresh.
 
 The dispatcher side keeps what its writer needs (``confirm``): the lease certainly holds
 while the last answered beat is younger than the lease less a margin; after a freeze or
@@ -34,19 +36,17 @@ log = logging.getLogger(__name__)
 
 # The writer trusts the lease for this much less than its length (clock rates, latency).
 TRUST_MARGIN_S = 1.5
-# The host renews its own score in the live hosts every this many beats (well within a
-# lease: a host is live while its score is younger than the lease).
-HOST_EVERY_BEATS = 3
 # A dispatcher waits this long for its host to take its lease before it gives up.
 HELD_TIMEOUT_S = 30.0
 POLL_S = 0.01
 
 
 class HostLease:
-    """The leases of worker host ``host``'s dispatchers, renewed every
+    """The lease of worker host ``host``, which is its dispatchers' too, renewed every
     ``settings.heartbeat_s`` on ``conn`` (a client with short timeouts: a beat that
     waits long is worse than one that fails). ``on_lost(slot)`` runs, from the beat's
-    thread, for a dispatcher whose lease was taken away."""
+    thread, for each dispatcher when the host's lease was taken away (the host then
+    takes a lease anew, under a new name, for the dispatchers it starts next)."""
 
     def __init__(
         self,
@@ -60,13 +60,17 @@ class HostLease:
         self.conn = conn
         self.settings = settings
         self.host = host
+        self.name = host  # the lease's name: the host's, then host~N after N losses
         self.board = board
         self.on_lost = on_lost
         self.janitor = Janitor(conn, settings, name=host)
         self._lock = threading.Lock()
-        self._held: dict[int, str] = {}  # slot -> owner renewed each beat
-        self._new: dict[int, str] = {}  # slot -> owner whose lease is to be taken
+        self._held: dict[int, str] = {}  # slot -> registered dispatcher
+        self._new: dict[int, str] = {}  # slot -> dispatcher to register
         self._exits: list[tuple[str, bool]] = []  # (owner, died) to settle
+        self._taken = False  # the lease under self.name is taken
+        self._losses = 0
+        self._unsettled = False  # an exit could not be settled: leave the lease to lapse
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._beats = 0
@@ -79,39 +83,50 @@ class HostLease:
         self._thread.start()
 
     def add(self, slot: int, owner: str) -> None:
-        """Take a lease for dispatcher ``owner`` (in ``slot``) at once; it waits for it."""
+        """Register dispatcher ``owner`` (in ``slot``) at once; it waits for that."""
         with self._lock:
             self._new[slot] = owner
             self.board.set(slot, PENDING)
         self._wake.set()
 
     def remove(self, slot: int, owner: str, *, died: bool) -> None:
-        """Dispatcher ``owner`` exited: its lease is given up (a clean exit gave back
-        what it held), or, if it ``died``, it is fenced and its work released now. A
-        fenced one is the janitor's already."""
+        """Dispatcher ``owner`` exited: it is unregistered (a clean exit gave back what
+        it held), or, if it ``died``, fenced and its work released now. One lost with
+        the host's lease is the janitor's already."""
         with self._lock:
             if self._held.get(slot) == owner:
                 del self._held[slot]
+                if self.board.state(slot) != LOST:
+                    self._exits.append((owner, died))
             if self._new.get(slot) == owner:
                 del self._new[slot]
-            if self.board.state(slot) != LOST:
-                self._exits.append((owner, died))
             self.board.set(slot, EMPTY)
         self._wake.set()
 
     def stop(self) -> None:
-        """Stop beating, and settle the exits left (the dispatchers are gone by now):
-        one pipeline for the clean ones, the dead ones until Redis fails once."""
+        """Stop beating, settle the exits left (the dispatchers are gone by now), and
+        give the lease up, unless something could not be settled: then it lapses and a
+        janitor releases what is left."""
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self._settle_exits()
+        if not self._taken or self._unsettled:
+            return
+        keys = self.settings.keys
+        try:
+            with self.conn.pipeline(transaction=False) as pipe:
+                pipe.zrem(keys.hosts(), self.name)
+                pipe.delete(keys.host_owners(self.name))
+                pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("worker %s: could not give its lease up: %s", self.host, exc)
 
     def tick(self) -> float:
-        """One turn of the beat's thread: settle exits, beat if one is due (or a lease
-        is to be taken); returns the monotonic time of the next beat. (The fleet
-        simulator, ops/bench/fleet_sim.py, drives many hosts' ticks from few threads.)"""
+        """One turn of the beat's thread: settle exits, beat if one is due (or a
+        dispatcher is to be registered); returns the monotonic time of the next beat.
+        (The fleet simulator, ops/bench/fleet_sim.py, drives many hosts' ticks.)"""
         self._settle_exits()
         now = time.monotonic()
         with self._lock:
@@ -129,18 +144,17 @@ class HostLease:
 
     def _beat(self) -> None:
         with self._lock:
-            new, held = dict(self._new), dict(self._held)
+            new = dict(self._new)
         now = time.monotonic()
         janitor = now >= self._janitor_at
-        renew_host = self._beats % HOST_EVERY_BEATS == 0 or bool(new)
         try:
             beat = host_beat(
                 self.conn,
                 self.settings.keys,
-                host=self.host if renew_host else "",
+                host=self.name,
                 lease_s=self.settings.lease_s,
+                first=not self._taken,
                 new=list(new.values()),
-                kept=list(held.values()),
                 janitor=janitor,
             )
         except redis.RedisError as exc:
@@ -154,27 +168,33 @@ class HostLease:
         self._failing = False
         self._beats += 1
         trusted = self.janitor.in_contact(True)
-        lost_slots = []
+        lost_slots: list[int] = []
         with self._lock:
-            for slot, owner in new.items():
-                if self._new.get(slot) == owner:
-                    del self._new[slot]
-                    self._held[slot] = owner
-                    self.board.set(slot, HELD)
-            for owner in beat.lost:
-                for slot, held_owner in list(self._held.items()):
-                    if held_owner == owner:
-                        del self._held[slot]
-                        self.board.set(slot, LOST)
-                        lost_slots.append(slot)
+            if beat.lost:
+                lost_slots = sorted(self._held) + sorted(self._new)
+                for slot in lost_slots:
+                    self.board.set(slot, LOST)
+                self._held.clear()
+                self._new.clear()
+                self._losses += 1
+                self.name = f"{self.host}~{self._losses}"
+                self._taken = False
+            else:
+                self._taken = True
+                for slot, owner in new.items():
+                    if self._new.get(slot) == owner:
+                        del self._new[slot]
+                        self._held[slot] = owner
+                        self.board.set(slot, HELD)
         self.board.answered(beat.live)
-        for slot in lost_slots:
+        if beat.lost:
             log.warning(
-                "worker %s: dispatcher %d's lease lapsed and its snippets were released "
-                "elsewhere; stopping it",
+                "worker %s: its lease lapsed and its snippets were released elsewhere; "
+                "stopping its %d dispatchers",
                 self.host,
-                slot,
+                len(lost_slots),
             )
+        for slot in lost_slots:
             self.on_lost(slot)
         if not janitor:
             return
@@ -189,6 +209,7 @@ class HostLease:
     def _settle_exits(self) -> None:
         with self._lock:
             exits, self._exits = self._exits, []
+            name = self.name
         if not exits:
             return
         clean = [owner for owner, died in exits if not died]
@@ -197,14 +218,18 @@ class HostLease:
             if clean:
                 with self.conn.pipeline(transaction=False) as pipe:
                     pipe.zrem(keys.leases(), *clean)
+                    pipe.srem(keys.host_owners(name), *clean)
                     for owner in clean:
                         pipe.delete(keys.owner_batches(owner))
                     pipe.execute()
             for owner, died in exits:
                 if died:
                     self.janitor.recover(owner, self.board.live(), dead=True)
+                    self.conn.srem(keys.host_owners(name), owner)
         except redis.RedisError as exc:
-            # Not renewed, their leases lapse and a janitor recovers them.
+            # Still registered under the host's lease: once that lapses, a janitor
+            # recovers them.
+            self._unsettled = True
             log.warning("worker %s: could not settle exited dispatchers: %s", self.host, exc)
 
 

@@ -63,17 +63,18 @@ def _claim(
     return parse_indices(reply[1].decode()) if reply[1] else []
 
 
-def _beat(conn: redis.Redis, settings: Settings, owner: str, host: str = "h") -> HostBeat:
-    """Host ``host``'s beat for its one dispatcher ``owner`` (its lease taken the first
-    time), with the janitor's round."""
-    there = conn.zscore(settings.keys.leases(), owner) is not None
+def _beat(conn: redis.Redis, settings: Settings, owner: str, host: str | None = None) -> HostBeat:
+    """A beat of worker host ``host`` (default ``{owner}-h``) with its dispatcher
+    ``owner`` (registered the first time), and the janitor's round."""
+    host = host or f"{owner}-h"
+    keys = settings.keys
     return host_beat(
         conn,
-        settings.keys,
+        keys,
         host=host,
         lease_s=settings.lease_s,
-        new=[] if there else [owner],
-        kept=[owner] if there else [],
+        first=conn.zscore(keys.hosts(), host) is None,
+        new=[] if conn.zscore(keys.leases(), owner) is not None else [owner],
         janitor=True,
     )
 
@@ -137,19 +138,20 @@ def test_a_lapsed_dispatchers_unfinished_work_is_released_once(redis_url: str) -
     assert claimed == list(range(10))
     for index in (0, 1, 2):
         assert _write(conn, settings, batch_id, index) == 1
-    # Lapse "dead": its heartbeat is older than the lease.
-    conn.zadd(settings.keys.leases(), {"dead": 1.0})
-    assert _beat(conn, settings, "alive").lapsed == ["dead"]
+    # Lapse "dead"'s host: its last beat is older than the lease.
+    conn.zadd(settings.keys.hosts(), {"dead-h": 1.0})
+    assert _beat(conn, settings, "alive").lapsed == ["dead-h"]
     janitor = Janitor(conn, settings, name="alive")
-    assert janitor.sweep([b"dead"], live=1) == 7  # type: ignore[list-item]
-    assert janitor.sweep([b"dead"], live=1) == 0  # type: ignore[list-item]
+    assert janitor.sweep(["dead-h"], live=1) == 7
+    assert janitor.sweep(["dead-h"], live=1) == 0
     # Released indices are claimed before anything else, by a live dispatcher.
     again = _claim(conn, settings, batch_id, "alive", room=10)
     assert again == [3, 4, 5, 6, 7, 8, 9]
-    # The fenced dispatcher learns it at its host's next beat (which does not bring it
-    # back) and may claim nothing.
-    beat = host_beat(conn, settings.keys, host="h", lease_s=5.0, kept=["alive", "dead"])
-    assert beat.lost == ["dead"] and beat.live is None
+    # The fenced host learns it at its next beat (which does not bring it back), and
+    # its dispatcher may claim nothing.
+    beat = host_beat(conn, settings.keys, host="dead-h", lease_s=5.0)
+    assert beat.lost and beat.live is None
+    assert conn.zscore(settings.keys.hosts(), "dead-h") is None
     assert conn.zscore(settings.keys.leases(), "dead") is None
     assert _claim(conn, settings, batch_id, "dead", 1) is None
     # The three it finished were counted as they were written, and only then.
@@ -167,8 +169,8 @@ def test_a_snippet_lost_too_often_comes_back_infra(redis_url: str) -> None:
         owner = f"host{attempt}"
         _beat(conn, settings, owner)
         assert _claim(conn, settings, batch_id, owner, 1) == [0]
-        conn.zadd(settings.keys.leases(), {owner: 1.0})
-        Janitor(conn, settings, name="j").sweep([owner.encode()], live=1)  # type: ignore[list-item]
+        conn.zadd(settings.keys.hosts(), {f"{owner}-h": 1.0})
+        Janitor(conn, settings, name="j").sweep([f"{owner}-h"], live=1)
     entries = conn.lrange(settings.keys.batch_done(batch_id), 0, -1)
     assert len(entries) == 1
     index, result = codec.decode_done_entry(entries[0])
@@ -276,7 +278,7 @@ def test_batches_see_live_hosts_and_a_claim_says_when_it_was_the_last(redis_url:
     claim_keys += [keys.owner_batches("h1.0.x"), keys.open_batches()]
     first = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "1", 2])
     assert (first[1], first[3]) == (b"0-2", 0)
-    conn.zadd(keys.leases(), {"h2.0.z": 1.0})
+    conn.zrem(keys.leases(), "h2.0.z")  # fenced
     last = claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "0", 2])
     assert (last[1], last[3]) == (b"3-8", 1)
     assert claim_script(conn, claim_keys, ["h1.0.x", batch_id, 1, 64, 5.0, "0", 2])[0] == 0
@@ -306,9 +308,9 @@ def test_a_batch_others_could_share_is_open_until_its_last_claim_and_again_when_
     for index in (0, 1):
         _write(conn, settings, pair, index)
     _write(conn, settings, batch_id, 0)
-    conn.zadd(keys.leases(), {"a": 1.0})
+    conn.zadd(keys.hosts(), {"a": 1.0})
     _beat(conn, settings, "b", host="b")
-    assert Janitor(conn, settings, name="b").sweep([b"a"], live=1) == 9  # type: ignore[list-item]
+    assert Janitor(conn, settings, name="b").sweep(["a"], live=1) == 9
     assert open_now() == [batch_id.encode()]
     assert sorted(_claim(conn, settings, batch_id, "b", room=9) or []) == list(range(1, 10))
     assert open_now() == []

@@ -226,7 +226,7 @@ def test_a_submit_announces_to_hosts_that_went_live_since_the_previous_one(
     assert announced(first.id) == 1  # no host live
     keys, lease_s = pool.settings.keys, pool.settings.lease_s
     for host in ("a", "b", "c"):
-        host_beat(client, keys, host=host, lease_s=lease_s, new=[f"{host}.0"])
+        host_beat(client, keys, host=host, lease_s=lease_s, first=True, new=[f"{host}.0"])
     # Counted from the previous submit (none live), the store says three are live now.
     assert announced(pool.submit(["print(2)"] * 10).id) == 3
     assert announced(pool.submit(["print(3)"] * 10).id) == 3

@@ -4,8 +4,6 @@ stops cleanly."""
 
 from __future__ import annotations
 
-import time
-
 import redis
 
 from codepool.common.keys import Keys
@@ -13,13 +11,25 @@ from tests.conftest import StartWorker, wait_until
 
 
 def test_the_host_list_holds_live_hosts_only(redis_url: str, start_worker: StartWorker) -> None:
+    """A host's entry is its lease: renewed while it lives, given up when it stops,
+    and a lapsed one is fenced by a janitor (the live host's)."""
     client = redis.Redis.from_url(redis_url)
-    hosts = Keys().hosts()
-    client.zadd(hosts, {"gone-for-hours": time.time() - 7200, "gone-a-minute": time.time() - 60})
+    keys = Keys()
+    now = float(client.time()[0])
+    client.zadd(keys.hosts(), {"gone-for-hours": now - 7200, "gone-a-minute": now - 60})
+    client.sadd(keys.host_owners("gone-a-minute"), "gone-a-minute.0.x")
+    client.zadd(keys.leases(), {"gone-a-minute.0.x": now - 60})
     worker = start_worker(name="tidy")
-    wait_until(lambda: client.zscore(hosts, "tidy") is not None, what="the host's own entry")
-    wait_until(lambda: client.zscore(hosts, "gone-for-hours") is None, what="the stale host gone")
-    assert client.zscore(hosts, "gone-a-minute") is not None
+    wait_until(lambda: client.zscore(keys.hosts(), "tidy") is not None, what="its own entry")
+    wait_until(
+        lambda: client.zcard(keys.hosts()) == 1 and client.zcard(keys.fenced()) == 0,
+        timeout_s=30,
+        what="the lapsed hosts fenced and forgotten",
+    )
+    assert client.zscore(keys.leases(), "gone-a-minute.0.x") is None
+    assert not client.exists(keys.host_owners("gone-a-minute"))
+    assert client.zcard(keys.leases()) > 0  # tidy's own dispatchers, registered
     assert worker.stop() == 0
-    assert client.zscore(hosts, "tidy") is None
+    assert client.zscore(keys.hosts(), "tidy") is None
+    assert client.zcard(keys.leases()) == 0 and not client.exists(keys.host_owners("tidy"))
     client.close()
