@@ -142,10 +142,9 @@ class Janitor:
         return released
 
     def _fence(self, name: str, lease_s: float) -> bool:
-        keys = self.keys
-        return bool(
-            fence_script(self.conn, [keys.hosts(), keys.leases(), keys.fenced()], [name, lease_s])
-        )
+        k = self.keys
+        keys = [k.hosts(), k.leases(), k.fenced(), k.host_slots(), k.fleet()]
+        return bool(fence_script(self.conn, keys, [name, lease_s]))
 
     def _release_all(self, name: str, live: int) -> int:
         """Release what fenced ``name`` claimed and did not finish, then forget it."""

@@ -43,6 +43,14 @@ class Keys:
         """Set: the dispatchers registered under a worker host's lease."""
         return f"{self.prefix}host:{host}:owners"
 
+    def host_slots(self) -> str:
+        """Hash: worker host (its lease's name) -> the slots it registered."""
+        return f"{self.prefix}host_slots"
+
+    def fleet(self) -> str:
+        """Hash: ``slots``, the sum of ``host_slots`` (what batches are announced by)."""
+        return f"{self.prefix}fleet"
+
     def fenced(self) -> str:
         """Sorted set: worker host or dispatcher -> when a janitor fenced it (Redis
         server time, s), until its work is released."""

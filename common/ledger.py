@@ -48,14 +48,14 @@ from redis.client import Pipeline
 from codepool.common.keys import Keys
 from codepool.common.queueing import MIN_SHARE
 
-# KEYS: state, hosts, open, then producers and producer_batches. ARGV: spec, n, run,
-# reruns, ttl_s, lease_s, batch_id, then the producer ('' for none).
+# KEYS: state, hosts, open, then producers and producer_batches, then fleet. ARGV: spec,
+# n, run, reruns, ttl_s, lease_s, batch_id, then the producer ('' for none).
 # A batch of more than MIN_SHARE snippets is open (others could share it) until its last
 # index is claimed; entries older than the batch TTL go on the way. The batch goes in the
 # producer's set with the submit, and the batch that makes the set non-empty takes the
 # producer's lease (its heartbeat renews it from then on, and gives it up once the set is
 # empty again): a producer with a batch in flight always holds a lease.
-# -> live hosts.
+# -> {live hosts, the slots the fleet's hosts registered}.
 SUBMIT = """
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
            'reruns', ARGV[4])
@@ -73,7 +73,9 @@ if ARGV[8] and ARGV[8] ~= '' then
     redis.call('EXPIRE', KEYS[5], ARGV[5])
   end
 end
-return redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf')
+local slots = 0
+if KEYS[6] then slots = tonumber(redis.call('HGET', KEYS[6], 'slots') or '0') end
+return {redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf'), slots}
 """.replace("MIN_SHARE", str(MIN_SHARE))
 
 # KEYS: state, retry, leases, owner_batches, open, results.
@@ -200,9 +202,9 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
 """
 
-# KEYS: hosts, leases, the host's owners, fenced, producers. ARGV: host ('' to only
-# watch), lease_s, janitor ('1': the janitor's round too), first ('1': the host's first
-# beat), then dispatchers new since the last beat.
+# KEYS: hosts, leases, the host's owners, fenced, producers, host_slots, fleet. ARGV:
+# host ('' to only watch), lease_s, janitor ('1': the janitor's round too), first ('1':
+# the host's first beat), its slots, then dispatchers new since the last beat.
 # A worker host's beat, one call whatever its slot count: it renews the host's lease, its
 # score in ``hosts``, which is the lease of all its dispatchers. A dispatcher is
 # registered once, when it starts (``leases`` and the host's owner set); a host that was
@@ -219,14 +221,17 @@ local lost = 0
 if ARGV[1] ~= '' then
   if ARGV[4] == '1' then
     redis.call('ZADD', KEYS[1], now, ARGV[1])
+    if redis.call('HSETNX', KEYS[6], ARGV[1], ARGV[5]) == 1 then
+      redis.call('HINCRBY', KEYS[7], 'slots', ARGV[5])
+    end
   elseif redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[1]) == 0 then
     lost = 1
   end
-  if lost == 0 and #ARGV > 4 then
+  if lost == 0 and #ARGV > 5 then
     local pairs_ = {}
-    for i = 5, #ARGV do pairs_[#pairs_ + 1] = now; pairs_[#pairs_ + 1] = ARGV[i] end
+    for i = 6, #ARGV do pairs_[#pairs_ + 1] = now; pairs_[#pairs_ + 1] = ARGV[i] end
     redis.call('ZADD', KEYS[2], 'NX', unpack(pairs_))
-    redis.call('SADD', KEYS[3], unpack(ARGV, 5, #ARGV))
+    redis.call('SADD', KEYS[3], unpack(ARGV, 6, #ARGV))
   end
 end
 if ARGV[3] ~= '1' then return {lost} end
@@ -239,7 +244,8 @@ local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', since, 'LIMIT', 0, 16)
 return {lost, lapsed, gone, redis.call('ZCOUNT', KEYS[1], since, '+inf')}
 """
 
-# KEYS: hosts, leases, fenced. ARGV: a host or a dispatcher, lease_s (0: now, whatever
+# KEYS: hosts, leases, fenced, host_slots, fleet. ARGV: a host or a dispatcher, lease_s
+# (0: now, whatever
 # its score: a dispatcher its worker host saw die, or one of a lapsed host). Moves a
 # lapsed host out of ``hosts`` (its beats find it gone), a dispatcher out of ``leases``
 # (it may claim nothing more), into ``fenced`` until a janitor has released its work.
@@ -258,6 +264,26 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if tonumber(ARGV[2]) > 0 and tonumber(s) > now - ARGV[2] then return 0 end
 redis.call('ZREM', where, ARGV[1])
 redis.call('ZADD', KEYS[3], now, ARGV[1])
+if where == KEYS[1] then
+  local slots = redis.call('HGET', KEYS[4], ARGV[1])
+  if slots then
+    redis.call('HDEL', KEYS[4], ARGV[1])
+    redis.call('HINCRBY', KEYS[5], 'slots', 0 - tonumber(slots))
+  end
+end
+return 1
+"""
+
+# KEYS: hosts, the host's owners, host_slots, fleet. ARGV: host. A host that stops
+# cleanly (its dispatchers unregistered) gives its lease up, and its slots.
+LEAVE = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[2])
+local slots = redis.call('HGET', KEYS[3], ARGV[1])
+if slots then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  redis.call('HINCRBY', KEYS[4], 'slots', 0 - tonumber(slots))
+end
 return 1
 """
 
@@ -450,6 +476,7 @@ claim_script = Script(CLAIM)
 write_script = Script(WRITE)
 host_beat_script = Script(HOST_BEAT)
 fence_script = Script(FENCE)
+leave_script = Script(LEAVE)
 forget_script = Script(FORGET)
 release_script = Script(RELEASE)
 cancel_script = Script(CANCEL)
@@ -464,12 +491,13 @@ def host_beat(
     host: str,
     lease_s: float,
     first: bool = False,
+    slots: int = 0,
     new: Sequence[str] = (),
     janitor: bool = False,
 ) -> HostBeat:
     """One ``HOST_BEAT`` call: renew worker host ``host``'s lease ('' only watches;
-    ``first`` takes it) and register its ``new`` dispatchers; with ``janitor``, the
-    janitor's round too."""
+    ``first`` takes it, registering its ``slots``) and register its ``new``
+    dispatchers; with ``janitor``, the janitor's round too."""
     reply = host_beat_script(
         conn,
         [
@@ -478,8 +506,10 @@ def host_beat(
             keys.host_owners(host),
             keys.fenced(),
             keys.producers(),
+            keys.host_slots(),
+            keys.fleet(),
         ],
-        [host, lease_s, "1" if janitor else "0", "1" if first else "0", *new],
+        [host, lease_s, "1" if janitor else "0", "1" if first else "0", slots, *new],
     )
     beat = HostBeat(lost=int(reply[0]) == 1)
     if janitor:

@@ -25,6 +25,8 @@ from codepool.common.wire import JOB_FUNCTION, encode_announcement
 
 # A host that joins a batch should find at least this many snippets to claim.
 MIN_SHARE = 2
+# A batch is announced to at most this many times the hosts its size needs.
+FANOUT_HOSTS_PER_NEED = 2
 # An announcement's job id: its batch's (new_batch_id) and a suffix of its own.
 _ANNOUNCEMENT_ID = re.compile(r"[0-9a-f]{32}-[0-9a-f]{8}")
 
@@ -33,10 +35,18 @@ def batch_queue(conn: redis.Redis, settings: Settings) -> Queue:
     return Queue(settings.queue, connection=conn, serializer=MsgpackSerializer)
 
 
-def announcements_for(size: int, live_hosts: int) -> int:
+def announcements_for(size: int, live_hosts: int, fleet_slots: int = 0) -> int:
     """How many hosts to invite to a batch of ``size`` snippets (one dispatcher of each
-    joins it, and may use all the slots of its host that its siblings leave free)."""
-    return max(1, min(live_hosts, math.ceil(size / MIN_SHARE)))
+    joins it, and may use all the slots of its host that its siblings leave free): one
+    per MIN_SHARE snippets, at most the live hosts, and, when the fleet's slots are
+    known, at most FANOUT_HOSTS_PER_NEED times the hosts the batch needs at the fleet's
+    mean host size (a host of 64 slots takes a batch of 64 alone; a second invitation
+    covers a host that is busy)."""
+    count = min(live_hosts, math.ceil(size / MIN_SHARE))
+    if fleet_slots > 0 and live_hosts > 0:
+        per_host = max(MIN_SHARE, fleet_slots / live_hosts)
+        count = min(count, FANOUT_HOSTS_PER_NEED * math.ceil(size / per_host))
+    return max(1, count)
 
 
 def announcement(queue: Queue, settings: Settings, batch_id: str) -> Job:

@@ -85,6 +85,7 @@ class CodePool:
         self.janitor = Janitor(self.conn, self.settings, name=self.name)
         self.lease = ProducerLease(self.conn, self.settings, name=self.name)
         self._live: int | None = None  # live hosts, as the last submit saw them
+        self._fleet_slots = 0  # their registered slots, as the last submit saw them
         # The next batch's id and first announcement, made on a thread of the pool's
         # once a batch's results are in (_want_spare): what RQ takes to make one is then
         # neither before a submit's round trip nor beside the work it starts.
@@ -192,6 +193,13 @@ class CodePool:
                 if self._spare is None:
                     self._spare = (batch_id, job)
 
+    def _fleet_seen(self, reply: Any) -> None:
+        """What a store says of the fleet: its live hosts and registered slots."""
+        self._live, self._fleet_slots = int(reply[0]), int(reply[1])
+
+    def _announcements(self, n: int) -> int:
+        return announcements_for(n, self._live or 0, self._fleet_slots)
+
     def _store_and_announce(
         self, batch_id: str, spec: bytes, n: int, run: str, reruns: int, made: Job | None = None
     ) -> list[str]:
@@ -209,17 +217,18 @@ class CodePool:
             self.keys.open_batches(),
             self.keys.producers(),
             self.keys.producer_batches(self.name),
+            self.keys.fleet(),
         ]
         store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
         store_args += [batch_id, self.name]
         if self._live is None:
-            self._live = int(submit_script(self.conn, store_keys, store_args))
+            self._fleet_seen(submit_script(self.conn, store_keys, store_args))
             return announce(
                 self._queue,
                 settings,
                 batch_id=batch_id,
                 size=n,
-                count=announcements_for(n, self._live),
+                count=self._announcements(n),
                 made=made,
             )
         # One MULTI/EXEC (RQ turns a pipeline into one anyway): the batch is stored
@@ -232,18 +241,18 @@ class CodePool:
                 settings,
                 batch_id=batch_id,
                 size=n,
-                count=announcements_for(n, self._live),
+                count=self._announcements(n),
                 pipeline=pipe,
                 made=made,
             )
             try:
-                self._live = int(pipe.execute()[0])
+                self._fleet_seen(pipe.execute()[0])
             except redis.exceptions.NoScriptError:
                 # The announcement went out; store the batch and announce it again (a
                 # dispatcher that found no batch yet has let its announcement go).
-                self._live = int(submit_script(self.conn, store_keys, store_args))
+                self._fleet_seen(submit_script(self.conn, store_keys, store_args))
                 announced += announce(self._queue, settings, batch_id=batch_id, size=n)
-        missing = announcements_for(n, self._live) - len(announced)
+        missing = self._announcements(n) - len(announced)
         if missing > 0:
             announced += announce(self._queue, settings, batch_id=batch_id, size=n, count=missing)
         return announced

@@ -106,7 +106,12 @@ class WorkerHost:
             os.path.join(self._dir, LEASE_FILE), self.dispatcher_count, create=True
         )
         self.lease = HostLease(
-            self.conn, settings, host=self.name, board=self.board, on_lost=self._lease_lost
+            self.conn,
+            settings,
+            host=self.name,
+            slots=options.concurrency,
+            board=self.board,
+            on_lost=self._lease_lost,
         )
 
     def serve(self) -> int:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import redis
 
 from codepool.common.janitor import Janitor
-from codepool.common.ledger import host_beat
+from codepool.common.ledger import host_beat, leave_script
 from codepool.common.settings import Settings
 from codepool.worker.lease_board import EMPTY, HELD, LOST, PENDING, LeaseBoard
 
@@ -54,12 +54,14 @@ class HostLease:
         settings: Settings,
         *,
         host: str,
+        slots: int,
         board: LeaseBoard,
         on_lost: Callable[[int], None],
     ) -> None:
         self.conn = conn
         self.settings = settings
         self.host = host
+        self.slots = slots  # registered with the lease: batches are announced by them
         self.name = host  # the lease's name: the host's, then host~N after N losses
         self.board = board
         self.on_lost = on_lost
@@ -116,10 +118,8 @@ class HostLease:
             return
         keys = self.settings.keys
         try:
-            with self.conn.pipeline(transaction=False) as pipe:
-                pipe.zrem(keys.hosts(), self.name)
-                pipe.delete(keys.host_owners(self.name))
-                pipe.execute()
+            leave_keys = [keys.hosts(), keys.host_owners(self.name), keys.host_slots()]
+            leave_script(self.conn, [*leave_keys, keys.fleet()], [self.name])
         except redis.RedisError as exc:
             log.warning("worker %s: could not give its lease up: %s", self.host, exc)
 
@@ -154,6 +154,7 @@ class HostLease:
                 host=self.name,
                 lease_s=self.settings.lease_s,
                 first=not self._taken,
+                slots=self.slots,
                 new=list(new.values()),
                 janitor=janitor,
             )

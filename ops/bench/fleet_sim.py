@@ -160,7 +160,9 @@ class Fleet:
         for h in range(hosts):
             name = f"sim{h:04d}"
             board = LeaseBoard(os.path.join(workdir, f"{name}.leases"), slots, create=True)
-            lease = HostLease(self.conn, self.settings, host=name, board=board, on_lost=_ignore)
+            lease = HostLease(
+                self.conn, self.settings, host=name, slots=slots, board=board, on_lost=_ignore
+            )
             owners = [f"{name}.{slot}.sim" for slot in range(slots)]
             for slot, owner in enumerate(owners):
                 lease.add(slot, owner)

@@ -14,11 +14,13 @@ from codepool.common.ledger import (
     HostBeat,
     claim_script,
     host_beat,
+    leave_script,
     parse_indices,
     submit_script,
     write_script,
 )
 from codepool.common.limits import Limits
+from codepool.common.queueing import announcements_for
 from codepool.common.result import ExecResult
 from codepool.common.settings import Settings
 from codepool.common.tally import count_hashes, write_calls
@@ -266,9 +268,9 @@ def test_batches_see_live_hosts_and_a_claim_says_when_it_was_the_last(redis_url:
     batch_id = new_batch_id()
     spec = BatchJob.from_codes(batch_id, ["print(1)"] * 5, Limits(), "", 0.0).encode()
     state = [keys.batch_state(batch_id), keys.hosts(), keys.open_batches()]
-    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0, batch_id]) == 2
+    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0, batch_id])[0] == 2
     conn.zadd(keys.hosts(), {"h2": 1.0})
-    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0, batch_id]) == 1
+    assert submit_script(conn, state, [spec, 5, "", 2, 3600, 5.0, batch_id])[0] == 1
     # A claim leaves a share for every live dispatcher of another host (h2's one: a
     # third of 9), and once that one is silent the lone host takes what is left in one
     # go (within room and MAX_CLAIM), told that it was the last: no claim round trip
@@ -319,3 +321,36 @@ def test_a_batch_others_could_share_is_open_until_its_last_claim_and_again_when_
     conn.delete(keys.batch_state(gone))
     assert _claim(conn, settings, gone, "b", room=1) == []
     assert open_now() == []
+
+
+def test_the_fleet_counts_the_slots_of_its_hosts_and_batches_fan_out_by_them(
+    redis_url: str,
+) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    settings = _settings(redis_url)
+    keys = settings.keys
+
+    def fleet_slots() -> int:
+        return int(conn.hget(keys.fleet(), "slots") or 0)
+
+    for host, slots in (("big", 64), ("small", 2)):
+        host_beat(conn, keys, host=host, lease_s=5.0, first=True, slots=slots, new=[host + ".0"])
+        # A second first beat (a failover's lost reply, say) registers nothing twice.
+        host_beat(conn, keys, host=host, lease_s=5.0, first=True, slots=slots)
+    assert fleet_slots() == 66
+    conn.zadd(keys.hosts(), {"big": 1.0})  # lapsed
+    assert Janitor(conn, settings, name="j").sweep(["big"], live=1) == 0
+    assert fleet_slots() == 2 and conn.hget(keys.host_slots(), "big") is None
+    state = [keys.batch_state("b"), keys.hosts(), keys.open_batches(), keys.producers()]
+    state += [keys.producer_batches(""), keys.fleet()]
+    assert submit_script(conn, state, [b"spec", 5, "", 2, 3600, 5.0, "b", ""]) == [1, 2]
+    leave = [keys.hosts(), keys.host_owners("small"), keys.host_slots(), keys.fleet()]
+    assert leave_script(conn, leave, ["small"]) == 1
+    assert leave_script(conn, leave, ["small"]) == 0  # once
+    assert fleet_slots() == 0 and conn.zcard(keys.hosts()) == 0
+    # One invitation per two snippets, at most the live hosts, and at most twice the
+    # hosts the batch needs at the fleet's mean host size.
+    assert announcements_for(16, live_hosts=1000) == 8
+    assert announcements_for(128, live_hosts=1000, fleet_slots=64_000) == 4
+    assert announcements_for(16, live_hosts=10, fleet_slots=20) == 8
+    assert announcements_for(1, live_hosts=0, fleet_slots=0) == 1

@@ -29,7 +29,9 @@ def test_the_host_list_holds_live_hosts_only(redis_url: str, start_worker: Start
     assert client.zscore(keys.leases(), "gone-a-minute.0.x") is None
     assert not client.exists(keys.host_owners("gone-a-minute"))
     assert client.zcard(keys.leases()) > 0  # tidy's own dispatchers, registered
+    assert int(client.hget(keys.fleet(), "slots") or 0) == 2  # start_worker's -c 2
     assert worker.stop() == 0
     assert client.zscore(keys.hosts(), "tidy") is None
     assert client.zcard(keys.leases()) == 0 and not client.exists(keys.host_owners("tidy"))
+    assert int(client.hget(keys.fleet(), "slots") or 0) == 0
     client.close()
