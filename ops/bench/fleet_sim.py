@@ -443,8 +443,9 @@ def report(args: argparse.Namespace, rows: list[Figures]) -> bool:
             f"{ratio:.2f}x the {smallest.hosts}-host figure (<= {TARGET_BUSY_RATIO}x)"
         )
     print(
-        "announcements per batch: min(live hosts, ceil(batch / 2)) = "
-        + ", ".join(f"{announcements_for(args.batch, r.hosts)}" for r in rows)
+        "announcements per batch (queueing.announcements_for; fewer when a batch is "
+        "done before its last ones are taken): "
+        + ", ".join(f"{announcements_for(args.batch, r.hosts, r.hosts * args.slots)}" for r in rows)
     )
     return ok
 
