@@ -27,9 +27,11 @@ def redis_client(
 ) -> redis.Redis:
     """A client for ``settings.redis_url``; ``block_s`` is the longest blocking command
     this client will issue, added to its socket timeout; ``retries``: how often a
-    command that met a dropped connection is tried again (with a short backoff). A
-    Sentinel-managed client with ``retries`` > 0 retries for ``failover_retry_s`` at
-    least, so a command rides out an election; ``retries=0`` stays one try."""
+    command that met a dropped connection is tried again (with a short backoff), the
+    same with Sentinel: a failover is ridden out by the callers' own loops, as a Redis
+    restart is. (A budget long enough to cover an election would hide the outage from
+    the janitors, who trust lapsed leases only after a whole lease of answered round
+    trips: they would cancel a producer whose beats the outage held up.)"""
     url = settings.redis_url
     options: dict[str, Any] = {
         "socket_timeout": settings.socket_timeout_s + block_s,
@@ -40,29 +42,15 @@ def redis_client(
     }
     if not url.startswith("unix:"):
         options["socket_keepalive"] = True
+    options["retry"] = Retry(
+        ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries=retries
+    )
     if is_sentinel_url(url):
-        if retries > 0:
-            retries = max(retries, _retries_for(settings.failover_retry_s))
-        options["retry"] = _retry(retries)
         return _sentinel_client(settings, options)
-    options["retry"] = _retry(retries)
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact(url)}: {exc}") from None
-
-
-def _retry(retries: int) -> Retry:
-    return Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries=retries)
-
-
-def _retries_for(total_s: float) -> int:
-    """How many retries the backoff takes to wait ``total_s`` in all."""
-    waited, count = 0.0, 0
-    while waited < total_s:
-        count += 1
-        waited += min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**count)
-    return count
 
 
 def _sentinel_client(settings: Settings, options: dict[str, Any]) -> redis.Redis:

@@ -43,8 +43,6 @@ class Settings:
     max_reruns: how often one snippet is run again after its dispatcher was lost, before
         it comes back ``infra``.
     no_worker_wait_s: a producer with no live dispatcher for this long answers ``infra``.
-    failover_retry_s: with a Sentinel-managed primary, how long a command that met a
-        dropped connection is retried (an election takes a few seconds).
     failover_rewrite_s: with a Sentinel-managed primary, a dispatcher keeps the results
         it wrote during this many seconds of contact with the primary, and writes them
         again when the primary moves (what the new one lacks is written and counted
@@ -69,7 +67,6 @@ class Settings:
     lease_s: float = 5.0
     max_reruns: int = 2
     no_worker_wait_s: float = 15.0
-    failover_retry_s: float = 10.0
     failover_rewrite_s: float = 10.0
 
     def __post_init__(self) -> None:
