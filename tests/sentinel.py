@@ -77,7 +77,16 @@ class Sentinels:
         self.dir = tempfile.mkdtemp(prefix="codepool-sentinel-")
         primary = RedisServer().start()
         self.servers.append(primary)
-        replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
+        replica = RedisServer(
+            extra_args=[
+                "--replicaof",
+                "127.0.0.1",
+                str(primary.port),
+                # DEBUG SLEEP holds the replica back, so a test can make writes it lacks.
+                "--enable-debug-command",
+                "yes",
+            ]
+        )
         self.servers.append(replica.start())
         for number in range(3):
             port = free_port()

@@ -8,16 +8,20 @@ within 20 s of the new primary's election."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 
+from codepool.common.settings import Settings
 from codepool.producer import CodePool
 from tests.conftest import StartWorker, wait_for_dispatchers, wait_until
 from tests.sentinel import SERVICE, Sentinels, sentinel_mode_error
 
 N = 400
+RESULT_COUNTER_KEY = Settings().keys.stats()
 RECOVERY_S = 20.0
 
 
@@ -35,7 +39,22 @@ def _manual(cluster: Sentinels, old_port: int) -> None:
 
 
 def _kill(cluster: Sentinels, old_port: int) -> None:
+    """kill -9 of the primary while its replica lags by some results: the replica
+    sleeps (DEBUG SLEEP), the worker writes on, then the primary dies."""
+    primary = redis.Redis(port=old_port)
+    replica_port = next(s.port for s in cluster.servers if s.port != old_port)
+    sleeper = threading.Thread(
+        target=lambda: redis.Redis(port=replica_port).execute_command("DEBUG", "SLEEP", "1.5")
+    )
+    before = int(primary.hget(RESULT_COUNTER_KEY, "calls") or 0)
+    sleeper.start()
+    wait_until(
+        lambda: int(primary.hget(RESULT_COUNTER_KEY, "calls") or 0) >= before + 10,
+        what="results the replica lacks",
+    )
     cluster.server_on(old_port).stop(kill=True)
+    sleeper.join()
+    primary.close()
 
 
 @pytest.mark.parametrize("force", [_manual, _kill], ids=["sentinel-failover", "kill-9"])
