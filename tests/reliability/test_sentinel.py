@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from codepool.common import counters
+from codepool.common.connection import redis_client
 from codepool.common.settings import Settings
 from codepool.producer import CodePool
 from tests.conftest import StartWorker, wait_for_dispatchers, wait_until
@@ -77,10 +79,17 @@ def test_a_batch_rides_out_a_failover(
     assert [r.status for r in results].count("ok") == N, {r.status for r in results}
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(N)]
     assert took_s <= RECOVERY_S
-    # Each snippet counted once: the results lost with the old primary were written and
-    # counted again on the new one, those it had were not counted twice.
-    wait_until(lambda: pool.counters().get("calls", 0) >= N, 10, "every snippet counted")
+    # Each snippet counted once on the primary the sentinels name now: the results lost
+    # with the old primary were written and counted again on the new one, those it had
+    # were not counted twice.
+    truth = redis_client(Settings(redis_url=sentinels.url))
+
+    def counted() -> dict[str, int]:
+        return counters.parse(truth.hgetall(RESULT_COUNTER_KEY))
+
+    wait_until(lambda: counted().get("calls", 0) >= N, 10, "every snippet counted")
     assert worker.stop() == 0  # its writer has written all it holds
-    assert pool.counters()["calls"] == N
-    assert pool.counters()["ok"] == N
+    assert counted()["calls"] == N
+    assert counted()["ok"] == N
+    truth.close()
     pool.close()
