@@ -18,6 +18,7 @@ import redis
 from codepool.common import counters
 from codepool.common.connection import redis_client
 from codepool.common.settings import Settings
+from codepool.ops.redis_checks import check_redis
 from codepool.producer import CodePool
 from tests.conftest import StartWorker, wait_for_dispatchers, wait_until
 from tests.sentinel import SERVICE, Sentinels, sentinel_mode_error
@@ -93,3 +94,12 @@ def test_a_batch_rides_out_a_failover(
     assert counted()["ok"] == N
     truth.close()
     pool.close()
+
+
+def test_doctor_says_the_primary_is_sentinel_managed(sentinels: Sentinels) -> None:
+    lines = {line["name"]: line for line in check_redis(sentinels.url)}
+    reachable = lines["redis reachable"]
+    assert reachable["active"]
+    assert f"Sentinel-managed primary {SERVICE!r} at 127.0.0.1:{sentinels.primary_port()}" in str(
+        reachable["detail"]
+    )
