@@ -21,6 +21,7 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.worker_registration import unregister
 
+from codepool.common import failover
 from codepool.common.cancellation import PRODUCER_LOST_MESSAGE, cancel
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.ledger import (
@@ -50,11 +51,16 @@ class Janitor:
         self.name = name
         self.queue = batch_queue(conn, settings)
         self._contact_since: float | None = None
+        self._generation = failover.generation(conn)  # moves of a Sentinel's primary
 
     def in_contact(self, ok: bool) -> bool:
         """Note whether the caller's last Redis round trip worked; True once it has
-        worked for a whole lease. Only then may lapses be trusted: after a Redis restart
+        worked for a whole lease, on the same primary (a Sentinel failover starts the
+        count anew). Only then may lapses be trusted: after a Redis restart, a failover
         or a partition of our own, everyone looks lapsed for a moment."""
+        generation = failover.generation(self.conn)
+        if generation != self._generation:
+            self._generation, self._contact_since = generation, None
         now = time.monotonic()
         if not ok:
             self._contact_since = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from codepool.common.errors import ConfigError
 from codepool.common.keys import DEFAULT_PREFIX, DEFAULT_QUEUE, Keys
+from codepool.common.redis_url import is_sentinel_url, parse_sentinel_url
 
 DEFAULT_URL = "redis://localhost:6379/0"
 # The drain deadline of worker, serve and replay when none is given: from the first
@@ -42,6 +43,10 @@ class Settings:
     max_reruns: how often one snippet is run again after its dispatcher was lost, before
         it comes back ``infra``.
     no_worker_wait_s: a producer with no live dispatcher for this long answers ``infra``.
+    failover_rewrite_s: with a Sentinel-managed primary, a dispatcher keeps the results
+        it wrote during this many seconds of contact with the primary, and writes them
+        again when the primary moves (what the new one lacks is written and counted
+        then; what it has is left as it is).
     """
 
     redis_url: str = DEFAULT_URL
@@ -62,6 +67,11 @@ class Settings:
     lease_s: float = 5.0
     max_reruns: int = 2
     no_worker_wait_s: float = 15.0
+    failover_rewrite_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if is_sentinel_url(self.redis_url):
+            parse_sentinel_url(self.redis_url)  # ConfigError now, not at the first command
 
     @property
     def keys(self) -> Keys:

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from codepool.common.errors import ConfigError
 from codepool.ops import (
     doctor_command,
     exporter,
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:  # a bad URL or setting: say what, not where
+        print(f"codepool {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

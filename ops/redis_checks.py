@@ -7,12 +7,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError
-from redis.retry import Retry
 from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
@@ -22,6 +20,10 @@ from rq.results import Result
 from rq.worker import Worker
 from rq.worker_registration import REDIS_WORKER_KEYS
 
+from codepool.common.connection import redis_client
+from codepool.common.errors import ConfigError
+from codepool.common.failover import sentinel_of
+from codepool.common.redis_url import is_sentinel_url, parse_sentinel_url, redact
 from codepool.common.settings import Settings
 from codepool.ops.doctor import format_lines
 
@@ -31,7 +33,10 @@ Line = dict[str, Any]
 MIN_VERSION_BLMOVE = (6, 2, 0)
 MIN_VERSION_BLMPOP = (7, 0, 0)
 CHECK_TIMEOUT_S = 5.0
-URL_FORM = "pass --url redis://USER:PASSWORD@HOST:PORT/DB (or set REDIS_URL)"
+URL_FORM = (
+    "pass --url redis://USER:PASSWORD@HOST:PORT/DB or "
+    "redis+sentinel://USER:PASSWORD@HOST:PORT,HOST:PORT/SERVICE/DB (or set REDIS_URL)"
+)
 # Placeholder names in the probed commands: DRYRUN and a discarded MULTI never run them.
 PROBE_ID = "doctor-probe"
 PROBE_SHA = "0" * 40
@@ -113,20 +118,27 @@ def check_redis(url: str) -> list[Line]:
     """
     shown = redact(url)
     try:
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=CHECK_TIMEOUT_S,
-            socket_connect_timeout=CHECK_TIMEOUT_S,
+        # One attempt: a dead or firewalled Redis should cost one timeout, not four.
+        client = redis_client(
+            Settings.from_env(
+                redis_url=url,
+                socket_timeout_s=CHECK_TIMEOUT_S,
+                connect_timeout_s=CHECK_TIMEOUT_S,
+            ),
+            retries=0,
             decode_responses=True,
-            # One attempt: a dead or firewalled Redis should cost one timeout, not four.
-            retry=Retry(NoBackoff(), 0),
         )
-    except ValueError as exc:
-        return [_line("redis reachable", False, f"bad URL {shown}: {exc}; fix: {URL_FORM}")]
+    except ConfigError as exc:
+        return [_line("redis reachable", False, f"{exc}; fix: {URL_FORM}")]
     try:
         reachable = _check_reachable(client, shown)
         if not reachable["active"]:
             return [reachable]
+        primary = primary_line(client)
+        if primary is not None:
+            reachable = _line(
+                "redis reachable", True, f"{reachable['detail']}; {primary['detail']}"
+            )
         checks: list[tuple[str, Callable[[], Line]]] = [
             ("redis version", lambda: _check_version(client)),
             ("redis persistence", lambda: _check_persistence(client)),
@@ -148,21 +160,6 @@ def main(url: str) -> int:
         return 1
     print("\nRedis is ready for codepool")
     return 0
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for output and logs)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    except ValueError:
-        return "<unparsable URL>"
 
 
 def _line(name: str, active: bool, detail: str) -> Line:
@@ -366,10 +363,25 @@ def _check_acl(client: redis.Redis, url: str) -> Line:
     )
 
 
+def primary_line(client: redis.Redis) -> Line | None:
+    """Where a Sentinel-managed client found its primary (None for a plain client)."""
+    manager = sentinel_of(client)
+    if manager is None:
+        return None
+    service = client.connection_pool.service_name  # type: ignore[attr-defined]
+    host, port = manager.discover_master(service)
+    return _line(
+        "redis primary",
+        True,
+        f"Sentinel-managed primary {service!r} at {host}:{port} "
+        f"({len(manager.sentinels)} sentinels in the URL)",
+    )
+
+
 def _whoami(client: redis.Redis, url: str) -> str:
     # The URL's user is who AUTH logged in as; asking would put a refused ACL WHOAMI in
     # the ACL LOG of a well-restricted worker user.
-    named = urlsplit(url).username
+    named = parse_sentinel_url(url).username if is_sentinel_url(url) else urlsplit(url).username
     if named:
         return named
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 import redis
 
-from codepool.common import codec
+from codepool.common import codec, failover
 from codepool.common.cancellation import CLOSED_MESSAGE, GAVE_UP_MESSAGE, cancel
 from codepool.common.errors import ConfigError, RedisUnavailable
 from codepool.common.limits import Limits
@@ -55,6 +55,8 @@ class Batch:
         deadline_s: float | None = None,
         run: str = "",
         announcements: tuple[str, ...] = (),
+        spec: bytes = b"",
+        reruns: int = 0,
     ) -> None:
         self.pool = pool
         self.id = batch_id
@@ -62,6 +64,9 @@ class Batch:
         self.limits = limits
         self.run = run
         self.announcements = announcements  # its RQ jobs, made at submit
+        # What was stored, to store it again if a failover lost it (pool.recover).
+        self.spec = spec
+        self.reruns = reruns
         self.deadline_s = deadline_s if deadline_s is not None else self.default_deadline_s()
         self.submitted = time.monotonic()
         self.duplicates = 0  # done-list entries for an index already seen (should stay 0)
@@ -93,6 +98,7 @@ class Batch:
         watch_at = time.monotonic() + POLL_BLOCK_S
         no_worker_since: float | None = None
         progress_at = time.monotonic()  # the last result, or the last nudge
+        primary = failover.generation(pool.conn)  # moves of a Sentinel-managed primary
         while len(self._results) < self.size:
             now = time.monotonic()
             if now >= end:
@@ -111,6 +117,9 @@ class Batch:
                 watch_at = end
             elif now >= watch_at:
                 watch_at = now + POLL_BLOCK_S
+                moved_to = failover.generation(pool.conn)
+                if moved_to != primary and pool.recover(self):
+                    primary = moved_to
                 live = pool.watch()
                 if live == 0:
                     no_worker_since = now if no_worker_since is None else no_worker_since

@@ -165,6 +165,8 @@ class CodePool:
             deadline_s=deadline_s,
             run=run,
             announcements=tuple(announced),
+            spec=spec,
+            reruns=reruns,
         )
 
     def _want_spare(self) -> None:
@@ -269,6 +271,22 @@ class CodePool:
             log.warning("batch %s: could not announce it again: %s", batch_id, exc)
             return False
         log.warning("batch %s: no progress with work unclaimed; announced it again", batch_id)
+        return True
+
+    def recover(self, batch: Batch) -> bool:
+        """After a failover (common/failover.py): store ``batch`` again if the new
+        primary lacks it (its submit was not replicated: nobody would ever run it), or
+        announce it again if it has work nobody has claimed (its announcements, or
+        claims made on the old primary, may be lost). True once Redis answered."""
+        try:
+            if self.conn.exists(self.keys.batch_state(batch.id)):
+                self.nudge(batch.id, batch.size)
+                return True
+            self._store_and_announce(batch.id, batch.spec, batch.size, batch.run, batch.reruns)
+        except redis.RedisError as exc:
+            log.warning("batch %s: could not look for it after a failover: %s", batch.id, exc)
+            return False
+        log.warning("batch %s: missing after a failover of Redis; stored it again", batch.id)
         return True
 
     def watch(self) -> int | None:

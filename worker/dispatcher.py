@@ -516,6 +516,7 @@ def main(argv: list[str]) -> int:
         worker=config.host,
         minute_ttl_s=settings.minute_stats_ttl_s,
         write_gap_s=settings.write_gap_s,
+        rewrite_s=settings.failover_rewrite_s,
     )
     worker.runner = BatchRunner(
         executor=executor,

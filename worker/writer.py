@@ -31,16 +31,18 @@ import threading
 import time
 from collections import defaultdict
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
+from codepool.common import failover
 from codepool.common.keys import Keys
 from codepool.common.ledger import write_script
 from codepool.common.result import ExecResult
 from codepool.common.retry import retry_until
 from codepool.common.tally import write_calls
 from codepool.worker.lease import DispatcherLease
+from codepool.worker.recent_writes import RecentWrites
 
 if TYPE_CHECKING:
     from codepool.worker.job import BatchExecution
@@ -66,6 +68,8 @@ class ResultWriter:
 
     write_gap_s: while results stream in, at most one write per this many seconds
         (0: write whatever has arrived as soon as the writer is free).
+    rewrite_s: with a Sentinel-managed primary, the results written in the last this
+        many seconds are written again when the primary moves.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class ResultWriter:
         worker: str,
         minute_ttl_s: int,
         write_gap_s: float,
+        rewrite_s: float = 0.0,
     ) -> None:
         self.conn = conn
         self.keys = keys
@@ -88,6 +93,12 @@ class ResultWriter:
         self.write_gap_s = write_gap_s
         self._queue: queue.SimpleQueue[_Item | _Signal] = queue.SimpleQueue()
 
+        # With Sentinel: what was written lately, to write again when the primary moves
+        # (worker/recent_writes.py); the nudge wakes an idle writer for it.
+        self.recent: RecentWrites | None = None
+        if failover.sentinel_of(conn) is not None:
+            self.recent = RecentWrites(conn, rewrite_s)
+            failover.on_new_primary(conn, self.nudge)
         write_script.load(conn)
         self._thread = threading.Thread(target=self._loop, name="codepool-writer", daemon=True)
         self._thread.start()
@@ -127,7 +138,7 @@ class ResultWriter:
             while not closing and not self._due(held, last_write):
                 due_s = last_write + self.write_gap_s - time.monotonic()
                 closing = self._take(held, timeout_s=due_s)
-            if held:
+            if held or (self.recent is not None and self.recent.moved()):
                 last_write = time.monotonic()
                 self._write_with_retry(held)
 
@@ -196,6 +207,19 @@ class ResultWriter:
         if not wrote:
             self._drop(groups)
 
+    def _calls(
+        self, batch_id: str, run: str, results: list[tuple[int, ExecResult]]
+    ) -> list[tuple[list[str], list[Any]]]:
+        return write_calls(
+            self.keys,
+            batch_id,
+            results,
+            worker=self.worker,
+            run=run,
+            batch_ttl_s=self.batch_ttl_s,
+            minute_ttl_s=self.minute_ttl_s,
+        )
+
     def _drop(self, groups: _Groups) -> None:
         for execution, results in groups.items():
             log.info(
@@ -207,20 +231,19 @@ class ResultWriter:
             execution.written(len(results))
 
     def _write(self, groups: _Groups, *, taken: bool = False) -> None:
-        """One pipeline for ``groups``; taken: their executions learn the writer took
-        them once it went through (the writer thread tells them as it takes them)."""
+        """One pipeline for ``groups`` (after a failover, what was written lately goes
+        first, again); taken: their executions learn the writer took them once it went
+        through (the writer thread tells them as it takes them)."""
         calls_per_group: list[int] = []
+        generation, rewrites = self.recent.pending() if self.recent else (0, {})
         with self.conn.pipeline(transaction=False) as pipe:
+            rewrite_calls = 0
+            for (batch_id, run), results in rewrites.items():
+                for call_keys, args in self._calls(batch_id, run, results):
+                    write_script.queue(pipe, call_keys, args)
+                    rewrite_calls += 1
             for execution, results in groups.items():
-                group_calls = write_calls(
-                    self.keys,
-                    execution.batch_id,
-                    results,
-                    worker=self.worker,
-                    run=execution.run,
-                    batch_ttl_s=self.batch_ttl_s,
-                    minute_ttl_s=self.minute_ttl_s,
-                )
+                group_calls = self._calls(execution.batch_id, execution.run, results)
                 for call_keys, args in group_calls:
                     write_script.queue(pipe, call_keys, args)
                 calls_per_group.append(len(group_calls))
@@ -229,6 +252,25 @@ class ResultWriter:
             except redis.exceptions.NoScriptError:
                 write_script.load(self.conn)
                 raise redis.RedisError("script was not loaded; loaded it again") from None
+        if self.recent is not None:
+            self.recent.written(
+                generation,
+                [
+                    (execution.batch_id, execution.run, index, result)
+                    for execution, results in groups.items()
+                    for index, result in results
+                ],
+            )
+        if rewrites:
+            missing = sum(sum(reply) for reply in replies[:rewrite_calls])
+            log.warning(
+                "the redis primary moved: wrote %d recent results of %d batches again, "
+                "%d of them missing on the new primary",
+                sum(len(results) for results in rewrites.values()),
+                len(rewrites),
+                missing,
+            )
+        replies = replies[rewrite_calls:]
         position = 0
         for (execution, results), calls in zip(groups.items(), calls_per_group, strict=True):
             if taken:

@@ -266,6 +266,7 @@ class ActiveDispatcher:
             worker=host.name,
             minute_ttl_s=settings.minute_stats_ttl_s,
             write_gap_s=settings.write_gap_s,
+            rewrite_s=settings.failover_rewrite_s,
         )
         self.runner = BatchRunner(
             executor=self.executor,  # type: ignore[arg-type]

@@ -1,0 +1,147 @@
+"""Noticing a Sentinel failover at once, and telling the parts that must act on it.
+
+redis-py's Sentinel pool asks the sentinels for the primary only when it opens a
+connection, and a connection to the old primary keeps working after a failover: Sentinel
+turns the old primary into a replica only some 8-10 s after it promoted the new one
+(measured with Redis 7.0: it waits for the old one to report its role for
+4 x its publish period), and until then every write on that connection is acked and then
+lost. So a watcher thread per client asks the sentinels once per ``poll_s`` where the
+primary is; when it moved, it counts a new *generation*, drops every connection of the
+client (in use or not: a command blocked on the old primary fails and is retried on the
+new one) and calls what was registered with ``on_new_primary``. Opening a connection
+counts a move the same way.
+
+The writes a process made to the old primary just before the move may be missing on the
+new one (replication is asynchronous); what depends on them learns of the move here: the
+result writer writes its recent results again, a producer stores again a batch the new
+primary lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+
+
+class WatchedSentinel(Sentinel):
+    """A Sentinel manager that counts moves of its service's primary (``generation``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.generation = 0
+        self._primary: tuple[str, int] | None = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self._pool: weakref.ref[SentinelConnectionPool] | None = None
+        self._stop = threading.Event()
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        found = super().discover_master(service_name)  # type: ignore[no-untyped-call]
+        address: tuple[str, int] = (str(found[0]), int(found[1]))
+        with self._lock:
+            moved = self._primary is not None and address != self._primary
+            previous, self._primary = self._primary, address
+            if moved:
+                self.generation += 1
+            callbacks = list(self._callbacks) if moved else []
+        if moved:
+            log.warning(
+                "redis primary of %r moved from %s:%s to %s:%s (failover %d)",
+                service_name,
+                *(previous or ("?", "?")),
+                *address,
+                self.generation,
+            )
+            pool = self._pool() if self._pool is not None else None
+            if pool is not None:
+                _leave_old_primary(pool)
+            for callback in callbacks:
+                callback()
+        return address
+
+    def on_new_primary(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (quick, any thread) whenever the primary moves."""
+        with self._lock:
+            self._callbacks.append(callback)
+
+    def watch(self, pool: SentinelConnectionPool, service_name: str, poll_s: float) -> None:
+        """Ask the sentinels every ``poll_s`` on a daemon thread, while ``pool`` lives
+        and its client is not closed."""
+        self._pool = weakref.ref(pool)
+        stop = self._stop
+        pool_ref = self._pool
+
+        def loop() -> None:
+            while not stop.wait(poll_s):
+                if pool_ref() is None:
+                    return
+                try:
+                    self.discover_master(service_name)
+                except redis.RedisError as exc:
+                    log.debug("sentinels not answering for %r: %s", service_name, exc)
+
+        threading.Thread(target=loop, name="codepool-sentinel-watch", daemon=True).start()
+
+    def stop_watching(self) -> None:
+        """End the thread ``watch`` started (within one poll)."""
+        self._stop.set()
+
+
+def _leave_old_primary(pool: SentinelConnectionPool) -> None:
+    """Off the old primary now, not when Sentinel demotes it seconds later: idle
+    connections are closed; those in use (a blocked read, a command on its way) are
+    shut down under their user, who reads end of stream, a ConnectionError, and retries
+    on a new connection (closing the socket itself would leave redis-py a closed file,
+    a ValueError no retry covers)."""
+    pool.disconnect(inuse_connections=False)
+    with pool._lock:
+        in_use = list(pool._in_use_connections)
+    for connection in in_use:
+        sock = getattr(connection, "_sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed meanwhile
+
+
+class SentinelClient(redis.Redis):
+    """A client of a Sentinel-managed primary; ``close`` also ends its watcher."""
+
+    def close(self) -> None:
+        manager = sentinel_of(self)
+        if manager is not None:
+            manager.stop_watching()
+            manager.close()
+        super().close()
+
+
+def sentinel_of(conn: redis.Redis) -> WatchedSentinel | None:
+    """The manager of a Sentinel-managed client; None for a plain one."""
+    manager = getattr(conn.connection_pool, "sentinel_manager", None)
+    return manager if isinstance(manager, WatchedSentinel) else None
+
+
+def generation(conn: redis.Redis) -> int:
+    """How often the primary behind ``conn`` has moved (always 0 without Sentinel)."""
+    manager = sentinel_of(conn)
+    return 0 if manager is None else manager.generation
+
+
+def on_new_primary(conn: redis.Redis, callback: Callable[[], None]) -> None:
+    """Call ``callback`` whenever the primary behind ``conn`` moves (never without
+    Sentinel)."""
+    manager = sentinel_of(conn)
+    if manager is not None:
+        manager.on_new_primary(callback)
