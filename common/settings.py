@@ -37,9 +37,10 @@ class Settings:
     minute_stats_ttl_s: lifetime of the per-minute counters.
     max_batch_snippets: largest batch a producer may submit / a worker accepts.
     max_batch_bytes: largest stored batch (code, stdin and files of all its snippets).
-    heartbeat_s: how often each dispatcher renews its lease.
-    lease_s: a dispatcher silent this long is lapsed; its unfinished snippets are
-        released to run elsewhere (fleet-wide: workers and producers must agree).
+    heartbeat_s: how often each worker host renews its lease (its dispatchers').
+    lease_s: a worker host silent this long is lapsed; its dispatchers' unfinished
+        snippets are released to run elsewhere (fleet-wide: workers and producers must
+        agree).
     max_reruns: how often one snippet is run again after its dispatcher was lost, before
         it comes back ``infra``.
     no_worker_wait_s: a producer with no live dispatcher for this long answers ``infra``.
