@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
@@ -529,6 +529,21 @@ class HostBeat:
     lapsed: list[str] = field(default_factory=list)
     lapsed_producers: list[str] = field(default_factory=list)
     live: int | None = None
+
+
+def leased_dispatchers(conn: redis.Redis, keys: Keys, host: str, lease_s: float) -> list[str]:
+    """The dispatchers of worker host ``host`` that hold a lease now: those registered
+    under a lease of the host (``host``, or ``host~N`` once it was fenced and came
+    back) whose last beat is younger than ``lease_s`` (server time). For ops and tests:
+    it reads the whole host list."""
+    seconds, micros = conn.time()
+    since = seconds + micros / 1e6 - lease_s
+    owners: list[str] = []
+    for raw in cast(list[bytes], conn.zrangebyscore(keys.hosts(), since, "+inf")):
+        name = _text(raw)
+        if name == host or name.startswith(host + "~"):
+            owners += [_text(owner) for owner in conn.smembers(keys.host_owners(name))]
+    return sorted(owners)
 
 
 def _text(raw: Any) -> str:

@@ -26,12 +26,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import redis
 
 from codepool.common import counters
 from codepool.common.keys import Keys
+from codepool.common.ledger import leased_dispatchers
+from codepool.common.settings import Settings
 from codepool.ops.netns import Fleet, netns_available
 from codepool.producer import CodePool, RemoteSandbox
 
@@ -40,6 +41,7 @@ TARGET_RECOVERY_S = 20.0
 READY_TIMEOUT_S = 60.0
 COLLECT_TIMEOUT_S = 600.0
 STATS_SETTLE_S = 1.5
+LEASE_S = Settings().lease_s
 
 
 @dataclass
@@ -108,9 +110,7 @@ class Bench:
             time.sleep(0.05)
 
     def _live(self, index: int) -> int:
-        now = float(self.conn.time()[0])
-        members = cast(list[bytes], self.conn.zrangebyscore(self.keys.leases(), now - 5, "+inf"))
-        return sum(m.decode().startswith(f"h{index}.") for m in members)
+        return len(leased_dispatchers(self.conn, self.keys, f"h{index}", LEASE_S))
 
     def wait_heartbeats(self) -> None:
         """Until every host process has heartbeated (``codepool stats`` lists it): the

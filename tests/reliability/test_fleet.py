@@ -19,6 +19,8 @@ from rq.registry import StartedJobRegistry
 from codepool.common import counters
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.keys import Keys
+from codepool.common.ledger import leased_dispatchers
+from codepool.common.settings import Settings
 from codepool.ops.netns import Fleet, netns_available
 from codepool.producer import CodePool
 
@@ -51,9 +53,7 @@ class Hosts:
 
     def live_dispatchers(self, index: int) -> int:
         """Dispatchers of host ``index`` holding a lease right now."""
-        now = float(self.conn.time()[0])
-        members = self.conn.zrangebyscore(self.keys.leases(), now - 5, "+inf")
-        return sum(m.decode().startswith(f"h{index}.") for m in members)
+        return len(leased_dispatchers(self.conn, self.keys, f"h{index}", Settings().lease_s))
 
     def listening(self, index: int) -> bool:
         """A dispatcher of host ``index`` waits on the queue (one per host does, so each
