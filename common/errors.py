@@ -19,6 +19,11 @@ class ExecutorError(CodepoolError):
     """Raised when the local executor cannot start or has been closed."""
 
 
+class ContextError(ExecutorError):
+    """Raised when an interpreter context cannot be opened or forked (the host's cap,
+    a failed fork), or is used after its caller closed it."""
+
+
 class RedisUnavailable(CodepoolError):
     """Raised when Redis cannot be reached within the caller's deadline."""
 

@@ -10,6 +10,7 @@ from codepool.common.limits import Limits
 from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
 from codepool.common.result import ExecResult
 from codepool.common.sandbox_stats import SandboxStats
+from codepool.worker.engine.context import Context
 from codepool.worker.engine.executor import DEFAULT_PRELOAD, LocalExecutor
 
 
@@ -19,6 +20,7 @@ class LocalSandbox:
 
     timeout: wall-clock seconds per call. max_concurrency: snippets at once (default
     the CPUs this process may use, as LocalExecutor's ``concurrency``).
+    ``context()``/``acontext()`` open interpreter contexts (state kept between calls).
     Other keywords (memory_mb, auto_print, ...) are Limits fields.
     """
 
@@ -51,6 +53,14 @@ class LocalSandbox:
         result = await asyncio.wrap_future(self.executor.submit(code))
         self.stats.record(result)
         return result
+
+    def context(self, **limits: Any) -> Context:
+        """An interpreter context: state kept between its calls, forkable (see
+        worker/engine/context.py). Keywords: Limits fields over the sandbox's."""
+        return self.executor.context(**limits)
+
+    async def acontext(self, **limits: Any) -> Context:
+        return await self.executor.acontext(**limits)
 
     def format_tool_content(self, result: ExecResult) -> str:
         return format_tool_content(result, timeout_s=self.timeout, markers=self.markers)

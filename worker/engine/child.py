@@ -25,6 +25,7 @@ from codepool.common.limits import Limits
 from codepool.common.snippet import Snippet
 from codepool.worker.engine import (
     cells,
+    context_child,
     contract,
     inputs,
     isolation,
@@ -136,11 +137,14 @@ def _start(plan: ChildPlan, request: Request, env: dict[str, str]) -> int | None
     record_fd = inputs.say_ready(REQUEST_FD, READY, fetch=request.fetch, cells=request.cells)
     if plan.mode == "spawn":
         _exec_interpreter(request, record_fd, env)
-    os.close(REQUEST_FD)
+    if not request.context:  # a context keeps it: its control socket
+        os.close(REQUEST_FD)
     return record_fd
 
 
 def _run(request: Request, record_fd: int | None) -> NoReturn:
+    if request.context:
+        context_child.serve(_reseed)
     if request.cells is not None:
         cells.run_cells(
             request.cells, request.cell_timeout_s, record_fd, rich=request.rich_tracebacks
@@ -214,14 +218,19 @@ class Request:
     fetch: bool = False  # hand the supervisor the work dir, to read files back from
     cells: list[str] | None = None
     cell_timeout_s: float | None = None
+    context: bool = False  # start an interpreter context (context_child.py), not a snippet
 
     @classmethod
-    def encode(cls, code: bytes, limits: Limits, snippet: Snippet | None = None) -> bytes:
+    def encode(
+        cls, code: bytes, limits: Limits, snippet: Snippet | None = None, *, context: bool = False
+    ) -> bytes:
         extra = b""
         if snippet is not None and snippet.has_inputs:
             files = [list(pair) for pair in snippet.files]
             fields = [snippet.stdin, files, bool(snippet.fetch_files), snippet.cells]
             extra = codec.dumps([*fields, snippet.cell_timeout_s])
+        elif context:  # through the inputs path: the C set-up hands such requests to Python
+            extra = codec.dumps([None, [], False, None, None, True])
         head = _HEAD.pack(
             len(code),
             len(extra),
@@ -243,7 +252,9 @@ class Request:
         request = cls(code, bool(auto), cpu_s, memory_mb, max_file_mb, max_procs, bool(rich))
         if not extra_len:
             return request
-        stdin, files, fetch, cells, cell_timeout_s = codec.loads(data[_HEAD.size + code_len :])
+        stdin, files, fetch, cells, cell_timeout_s, *rest = codec.loads(
+            data[_HEAD.size + code_len :]
+        )
         return dataclasses.replace(
             request,
             stdin=stdin,
@@ -251,6 +262,7 @@ class Request:
             fetch=fetch,
             cells=cells,
             cell_timeout_s=cell_timeout_s,
+            context=bool(rest and rest[0]),
         )
 
 
@@ -299,9 +311,12 @@ def uid_tasks(uid: int) -> int:
 
 def _apply_limits(limits: Request, vm_baseline_bytes: int, *, nproc_headroom: int) -> None:
     cpu_s = limits.cpu_s
+    # A context moves its soft CPU limit before each call (context_child.py): the hard
+    # one stays open, since an unprivileged process can never raise it again.
+    cpu_hard = resource.RLIM_INFINITY if limits.context else cpu_s + 1
     address_space = vm_baseline_bytes + (limits.memory_mb << 20)
     file_bytes = limits.max_file_mb << 20
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_hard))
     resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))

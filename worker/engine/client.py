@@ -10,22 +10,25 @@ gives up on a snippet: the supervisor drops it if it waits and kills it if it ru
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from codepool.common.errors import ExecutorError
+from codepool.common.errors import ContextError, ExecutorError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, cancelled, infra, rejected
 from codepool.common.retry import retry_until
 from codepool.common.snippet import Snippet, split_inputs
+from codepool.worker.engine.context import Context
 from codepool.worker.engine.protocol import FrameReader, encode_frame, recv_one
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,8 @@ class _Pending:
     generation: int = -1  # which connection it was last sent on
     withdrawn: bool = False  # asked back: not sent again after a reconnect
     cancelled: bool = False  # given up on: never sent again
+    context: int | None = None  # a call on this interpreter context
+    before: Callable[[ExecResult], None] | None = None  # run with the result, before the future
 
 
 class SupervisorClient:
@@ -70,6 +75,8 @@ class SupervisorClient:
         self.concurrency = 0
         self.snippet_uids: range = range(0)  # uids snippets run as (empty: worker's own)
         self.restarts = 0
+        self._orders: dict[int, tuple[Future[Any], Callable[[dict[str, Any]], Any]]] = {}
+        self._contexts: weakref.WeakValueDictionary[int, Context] = weakref.WeakValueDictionary()
 
     @property
     def zygote_pid(self) -> int:
@@ -172,6 +179,119 @@ class SupervisorClient:
                 pass  # the reader sees the zygote die; a cancelled request is not re-sent
         return len(found)
 
+    # -- interpreter contexts ----------------------------------------------------------
+
+    def context(self, **limits: Any) -> Context:
+        """Open an interpreter context (worker/engine/context.py): state kept between
+        its calls, forkable. Keywords: Limits fields, its defaults (memory_mb, max_procs
+        and max_file_mb hold for its whole life). Raises ContextError when the host
+        holds its cap of live contexts."""
+        return self.open_context(**limits).result()
+
+    async def acontext(self, **limits: Any) -> Context:
+        return await asyncio.wrap_future(self.open_context(**limits))
+
+    def open_context(self, **limits: Any) -> Future[Context]:
+        effective = self.limits.with_overrides(**limits).clamp(self.max_limits)
+
+        def made(reply: dict[str, Any]) -> Context:
+            if reply.get("error") or not reply.get("ctxs"):
+                raise ContextError(f"cannot open a context: {reply.get('error')}")
+            record = reply["ctxs"][0]
+            context = Context(self, record["id"], effective, pid=record["pid"])
+            self._contexts[context.id] = context
+            return context
+
+        return self._order({"t": "ctx_open", "limits": effective.to_dict()}, made)
+
+    def _context_fork(self, parent: Context, n: int, history: list[str]) -> Future[list[Context]]:
+        def made(reply: dict[str, Any]) -> list[Context]:
+            forks = [
+                Context(self, record["id"], parent.limits, pid=record["pid"], history=history)
+                for record in reply.get("ctxs", [])
+            ]
+            for fork in forks:
+                self._contexts[fork.id] = fork
+            if reply.get("error"):
+                for fork in forks:
+                    fork.close()
+                raise ContextError(f"cannot fork the context: {reply['error']}")
+            return forks
+
+        return self._order({"t": "ctx_fork", "ctx": parent.id, "n": n}, made)
+
+    def _context_call(
+        self, context_id: int, code: str, limits: Limits, before: Callable[[ExecResult], None]
+    ) -> Future[ExecResult]:
+        effective = limits.clamp(self.max_limits)
+        future: Future[ExecResult] = Future()
+        data = code.encode("utf-8", "surrogatepass")
+        if len(data) > effective.max_code_bytes:
+            too_big = f"code is {len(data)} bytes, over the {effective.max_code_bytes} byte limit"
+            future.set_result(rejected(f"rejected: {too_big}", worker=self.name))
+            return future
+        pending = _Pending(future, data, effective, time.monotonic(), context=context_id)
+        pending.before = before
+        with self._lock:
+            if self._closing:
+                raise ExecutorError("executor is closed")
+            request_id = next(self._ids)
+            self._pending[request_id] = pending
+            sock, generation = self._sock, self._generation
+        if sock is not None:
+            self._send(sock, generation, request_id, pending)
+        else:
+            message = "codepool: the executor restarted: the context's state is gone"
+            self._finish(request_id, infra(message, worker=self.name))
+        return future
+
+    def _context_close(self, context_id: int) -> None:
+        self._send_frame({"t": "ctx_close", "ctx": context_id})
+
+    def _order(self, message: dict[str, Any], made: Callable[[dict[str, Any]], Any]) -> Future[Any]:
+        """Send a context order; the future resolves to ``made(reply)``."""
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closing:
+                raise ExecutorError("executor is closed")
+            request_id = next(self._ids)
+            self._orders[request_id] = (future, made)
+        if not self._send_frame({**message, "id": request_id}):
+            self._answer(request_id, {"error": "the executor's supervisor is down"})
+        return future
+
+    def _answer(self, request_id: int, reply: dict[str, Any]) -> None:
+        with self._lock:
+            order = self._orders.pop(request_id, None)
+        if order is None:
+            return
+        future, made = order
+        try:
+            future.set_result(made(reply))
+        except ContextError as exc:
+            future.set_exception(exc)
+
+    def _send_frame(self, message: dict[str, Any]) -> bool:
+        with self._lock:
+            sock = self._sock
+        if sock is None:
+            return False
+        try:
+            with self._send_lock:
+                sock.sendall(encode_frame(message))
+        except OSError:
+            return False
+        return True
+
+    def _contexts_lost(self, reason: str) -> None:
+        """The supervisor went: every context's state with it."""
+        for context in list(self._contexts.values()):
+            context._end(reason)
+        with self._lock:
+            ids = list(self._orders)
+        for request_id in ids:
+            self._answer(request_id, {"error": reason})
+
     def run(self, code: Any, **keywords: Any) -> ExecResult:
         """Run one snippet and wait for its result. Keywords: as ``submit``'s."""
         return self.submit(code, **keywords).result()
@@ -222,6 +342,7 @@ class SupervisorClient:
         if sock is not None:
             sock.close()
         self._fail_all("codepool: executor closed before this snippet finished")
+        self._contexts_lost("the executor was closed")
 
     # -- connection ------------------------------------------------------------------
 
@@ -255,7 +376,10 @@ class SupervisorClient:
             self._reconnecting = False
         reader.start()
         for request_id, pending in unsent:
-            if pending.withdrawn:
+            if pending.context is not None:
+                message = "codepool: the executor restarted: the context's state is gone"
+                self._finish(request_id, infra(message, worker=self.name))
+            elif pending.withdrawn:
                 self._cancel(request_id)
             elif pending.cancelled:
                 message = "codepool: cancelled: its caller gave up on it"
@@ -283,6 +407,13 @@ class SupervisorClient:
                 elif message.get("t") == "withdrawn":
                     for request_id in message["ids"]:
                         self._cancel(request_id)
+                elif message.get("t") == "ctx":
+                    self._answer(message["id"], message)
+                elif message.get("t") == "ctx_ended":
+                    context = self._contexts.get(message["ctx"])
+                    if context is not None:
+                        context._end(str(message["reason"]))
+        self._contexts_lost("the executor restarted: the context's state is gone")
         self._lost()
         with self._lock:
             if self._closing:
@@ -303,6 +434,8 @@ class SupervisorClient:
         pending.attempts += 1
         pending.generation = generation
         message = {"t": "run", "id": request_id, "code": pending.code}
+        if pending.context is not None:
+            message.update(t="ctx_call", ctx=pending.context)
         message["limits"] = pending.limits.to_dict()
         if pending.inputs is not None:
             message["inputs"] = pending.inputs
@@ -325,6 +458,8 @@ class SupervisorClient:
         with self._lock:
             pending = self._pending.pop(request_id, None)
         if pending is not None and not pending.future.done():
+            if pending.before is not None:
+                pending.before(result)
             pending.future.set_result(result)
 
     def _cancel(self, request_id: int) -> None:

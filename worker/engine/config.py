@@ -31,6 +31,8 @@ class ZygoteConfig:
     light_zygote: bool = True  # fork mode: plain snippets fork from a zygote without preload
     native_child: bool = True  # the clone loop and child set-up in C, where it was built
     bare: bool = False  # this zygote execs the bare image once prepared (see bare.py)
+    max_contexts: int = 64  # interpreter contexts alive at once (context_host.py)
+    context_ttl_s: float = 300.0  # an idle context is ended after this many seconds
     owner_fd: int = -1
     listen_fd: int = -1  # optional: more clients (the worker's dispatchers) connect here
 

@@ -90,6 +90,9 @@ class LocalExecutor(SupervisorClient):
         had (snippets could then signal the worker's processes and reach its files);
         without it such an executor refuses to start, naming what is missing.
     listen_path: also accept other clients (AttachedExecutor) on this Unix socket.
+    max_contexts: interpreter contexts (``context()``) alive at once; default one per
+        256 MiB of the host's memory, 4 to 1024 (an idle context holds memory, no slot).
+    context_ttl_s: an interpreter context idle this long is ended (its state gone).
     """
 
     def __init__(
@@ -112,6 +115,8 @@ class LocalExecutor(SupervisorClient):
         listen_path: str | None = None,
         name: str | None = None,
         start_timeout_s: float = 120.0,
+        max_contexts: int | None = None,
+        context_ttl_s: float = 300.0,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -119,6 +124,12 @@ class LocalExecutor(SupervisorClient):
             concurrency = default_slots()
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a positive int, got {concurrency!r}")
+        if max_contexts is None:
+            max_contexts = default_max_contexts()
+        if not isinstance(max_contexts, int) or not 1 <= max_contexts <= 1024:
+            raise ConfigError(f"max_contexts must be an int from 1 to 1024, got {max_contexts!r}")
+        if not context_ttl_s > 0:
+            raise ConfigError(f"context_ttl_s must be positive, got {context_ttl_s!r}")
         if sys.platform != "linux":
             raise ExecutorError("the executor needs Linux (namespaces, rlimits, fork)")
         super().__init__(limits=limits, max_limits=max_limits, name=name)
@@ -135,6 +146,8 @@ class LocalExecutor(SupervisorClient):
             landlock=landlock,
             light_zygote=light_zygote,
             native_child=native_child,
+            max_contexts=max_contexts,
+            context_ttl_s=context_ttl_s,
         )
         self._process: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None
@@ -210,6 +223,16 @@ class LocalExecutor(SupervisorClient):
 
     def __enter__(self) -> LocalExecutor:
         return self
+
+
+def default_max_contexts() -> int:
+    """One live context per 256 MiB of the host's memory, from 4 to 1024: an idle
+    context holds the pages it wrote since its fork (tens of MiB for a numpy session)."""
+    try:
+        total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    except (ValueError, OSError):
+        return 4
+    return max(4, min(1024, total_mb // 256))
 
 
 def weak_isolation(report: list[dict[str, Any]]) -> str:

@@ -33,6 +33,7 @@ from codepool.common.limits import Limits
 from codepool.common.result import cancelled, infra, rejected
 from codepool.common.snippet import Snippet
 from codepool.worker.engine import (
+    context_host,
     done,
     isolation,
     leftovers,
@@ -57,6 +58,10 @@ log = logging.getLogger("codepool.worker.engine.supervisor")
 
 # Snippet uids each supervisor may use: uid_base is spaced by this much per supervisor pid.
 UID_BLOCK = 64
+# Interpreter contexts get a uid per family from a block of their own, far above the
+# snippets' (so max_contexts is at most half this).
+CONTEXT_UID_BLOCK = 2048
+CONTEXT_UID_BASE = 100_000_000
 
 
 @dataclass
@@ -97,6 +102,8 @@ class Child:
     cancelled: bool = False  # killed because its client gave up: reported as cancelled
     ready: bool | None = None  # it said "ready" (None: not read yet)
     handed: list[int] = field(default_factory=list)  # the fds it sent with "ready"
+    uid: int | None = None  # the uid it runs as (None: the worker's own)
+    family: context_host.Family | None = None  # the reaper of an interpreter context family
 
 
 class Supervisor:
@@ -142,6 +149,15 @@ class Supervisor:
         self.shm_sweep: shm.Sweep | None = None
         if not self.state.pidns and not self.state.separate_uid:
             self.shm_sweep = shm.Sweep(uid=os.geteuid())
+        self.context_uid_base = CONTEXT_UID_BASE + (os.getpid() % 100_000) * CONTEXT_UID_BLOCK
+        self.contexts = context_host.ContextHost(
+            max_contexts=min(config.max_contexts, CONTEXT_UID_BLOCK // 2),
+            ttl_s=config.context_ttl_s,
+            send=self._send,
+            clone=lambda family: self._request_clone(routing.HEAVY, family=family),
+            watch=lambda fd, data: self.selector.register(fd, selectors.EVENT_READ, data),
+            unwatch=self.selector.unregister,
+        )
         self.stopping = False
         # Cleared when a waiting child dies during setup, so a host that refuses our
         # setup does not spin cloning children nobody asked for.
@@ -216,6 +232,7 @@ class Supervisor:
             self.stopping = True
             return
         self.queue = collections.deque(r for r in self.queue if r.client is not client)
+        self.contexts.drop_client(client)
         for child in self.running.values():
             if child.request is not None and child.request.client is client:
                 child.request.client = None
@@ -228,6 +245,9 @@ class Supervisor:
             return
         if message.get("t") == "cancel" and isinstance(message.get("ids"), list):
             self._cancel(client, message["ids"])
+            return
+        if message.get("t") in CONTEXT_MESSAGES:
+            self._on_context_message(client, message)
             return
         request_id = message.get("id")
         if message.get("t") != "run" or not isinstance(request_id, int):
@@ -259,6 +279,31 @@ class Supervisor:
         plain = snippet is None or not snippet.has_inputs
         kind = routing.HEAVY if self.router is None else self.router.kind(code, plain=plain)
         self.queue.append(Request(client, request_id, code, limits, now, kind, snippet))
+
+    def _on_context_message(self, client: Client, message: dict[str, Any]) -> None:
+        """Orders on interpreter contexts (context_host.py), checked as runs are."""
+        kind, request_id = message["t"], message.get("id")
+        limits = None
+        if kind in ("ctx_open", "ctx_call"):
+            if not isinstance(request_id, int):
+                log.error("ignoring a %s without an id", kind)
+                return
+            reply = _rejected(request_id, "")
+            if kind == "ctx_open":
+                reply = {"t": "ctx", "id": request_id, "ctxs": [], "error": ""}
+            try:
+                limits = codec.decode_limits(message.get("limits"))
+            except WireError as exc:
+                self._send(client, _refusal(reply, str(exc)))
+                return
+            if kind == "ctx_open" and self.config.mode != "fork":
+                self._send(client, _refusal(reply, "contexts need fork mode"))
+                return
+            code = message.get("code", b"")
+            if not isinstance(code, bytes) or len(code) > limits.max_code_bytes:
+                self._send(client, _refusal(reply, "code must be bytes within max_code_bytes"))
+                return
+        self.contexts.on_message(client, message, limits)
 
     def _withdraw(self, client: Client, ids: list[Any], *, running: bool) -> None:
         """Drop the client's requests ``ids`` that wait in the queue; with ``running``,
@@ -309,10 +354,15 @@ class Supervisor:
 
     # -- children ------------------------------------------------------------------
 
-    def _request_clone(self, kind: str) -> None:
-        """Ask a zygote for one more waiting child; it arrives in _on_zygote."""
-        slot = self.free_slots.popleft()
-        uid = self.uid_base + slot if self.state.separate_uid else None
+    def _request_clone(self, kind: str, *, family: context_host.Family | None = None) -> None:
+        """Ask a zygote for one more waiting child (or a context family's first); it
+        arrives in _on_zygote."""
+        if family is None:
+            slot = self.free_slots.popleft()
+            uid = self.uid_base + slot if self.state.separate_uid else None
+        else:
+            slot = family.uid_index
+            uid = self.context_uid_base + slot if self.state.separate_uid else None
         fallback_dir = None
         if not self.state.pidns:
             fallback_dir = leftovers.make_dir(FALLBACK_PREFIX)
@@ -328,6 +378,7 @@ class Supervisor:
         child_sock.close()
         os.close(done_end)
         child = Child(0, -1, parent_sock, out_fd, err_fd, slot, fallback_dir, kind, done_fd)
+        child.uid, child.family = uid, family
         self.cloning[kind].append(child)
 
     def _on_zygote(self, kind: str) -> None:
@@ -344,6 +395,15 @@ class Supervisor:
         child.pid = pid
         child.pidfd = os.pidfd_open(pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, ("child", child))
+        if child.family is not None:
+            family = child.family
+            limits = family.limits
+            # Its forks count against its process limit too.
+            procs = limits.max_procs + self.contexts.max_contexts + 1
+            start = dataclasses.replace(limits, max_procs=procs)
+            request = ChildRequest.encode(b"", start, context=True)
+            self.contexts.on_cloned(family, child, request)
+            return
         if self.state.pidns:  # where a notice can be acted on (worker/engine/done.py)
             self.selector.register(child.done_fd, selectors.EVENT_READ, ("done", child))
         self.warm_children[kind].append(child)
@@ -355,7 +415,13 @@ class Supervisor:
     def _start_queued(self) -> None:
         # In arrival order: a snippet whose zygote has no child waiting holds the ones
         # behind it only as long as one clone takes.
-        while self.queue and len(self.running) < self.config.concurrency:
+        while len(self.running) + self.contexts.busy < self.config.concurrency:
+            since = self.contexts.queued_since()
+            if since is not None and (not self.queue or since < self.queue[0].received):
+                self.contexts.start_next()  # a context's call, older than any snippet
+                continue
+            if not self.queue:
+                break
             request = self.queue[0]
             if request.client is None:
                 self.queue.popleft()
@@ -397,6 +463,14 @@ class Supervisor:
         ended = time.monotonic()
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
+        if child.family is not None:
+            setup_error = readback.read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
+            self.contexts.on_family_exit(child.family, setup_error)
+            child.sock.close()
+            os.close(child.out_fd)
+            os.close(child.err_fd)
+            self._clean_up_after(child)
+            return
         self._forget_notice(child)
         self._take_ready(child)  # "ready" and its fds, unless the notice read them
         child.sock.close()
@@ -478,8 +552,8 @@ class Supervisor:
     def _clean_up_after(self, child: Child) -> None:
         if child.fallback_dir is not None:
             shutil.rmtree(child.fallback_dir, ignore_errors=True)
-        if not self.state.pidns and self.state.separate_uid:
-            leftovers.sweep_uid(self.uid_base + child.slot)  # /dev/shm included
+        if not self.state.pidns and child.uid is not None:
+            leftovers.sweep_uid(child.uid)  # /dev/shm included
         elif self.shm_sweep is not None and child.request is not None:
             self.shm_sweep.after_snippet(self.running.keys())
 
@@ -504,6 +578,9 @@ class Supervisor:
             while not self.stopping:
                 self._dispatch()
                 timeout = self._expire_deadlines()
+                until = self.contexts.expire(time.monotonic())
+                if until is not None and (timeout is None or until < timeout):
+                    timeout = until
                 for key, _ in self.selector.select(timeout):
                     kind, obj = key.data
                     if kind == "client":
@@ -514,13 +591,20 @@ class Supervisor:
                         self._on_zygote(obj)
                     elif kind == "done":
                         self._on_notice(obj)
+                    elif kind == "context":
+                        self._on_context_readable(obj)
+                    elif kind == "reaped":
+                        self.contexts.on_reaped(obj)
                     else:
                         self._on_child_exit(obj)
         finally:
             self.shutdown()
 
+    def _on_context_readable(self, ctx: context_host.Ctx) -> None:
+        self.contexts.on_readable(ctx)
+
     def shutdown(self) -> None:
-        children = [*self.running.values(), *self.dying.values()]
+        children = [*self.running.values(), *self.dying.values(), *self.contexts.shutdown()]
         children += [child for warm in self.warm_children.values() for child in warm]
         for child in children:
             _kill(child.pid, group=not self.state.pidns)
@@ -610,6 +694,16 @@ def _read_back(child: Child, handed: list[int]) -> dict[str, Any]:
 
 def _rejected(request_id: int, message: str) -> dict[str, Any]:
     return {"t": "result", "id": request_id, "r": rejected(f"rejected: {message}").to_dict()}
+
+
+def _refusal(reply: dict[str, Any], message: str) -> dict[str, Any]:
+    """``reply`` (a result or a ctx answer) refusing its order for ``message``."""
+    if reply["t"] == "result":
+        return _rejected(reply["id"], message)
+    return {**reply, "error": message}
+
+
+CONTEXT_MESSAGES = ("ctx_open", "ctx_call", "ctx_fork", "ctx_close")
 
 
 def _cancelled(request_id: int) -> dict[str, Any]:

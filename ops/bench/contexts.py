@@ -1,0 +1,65 @@
+"""Interpreter contexts: what fork() of a context that imported numpy costs, next to a
+lone snippet (``print(1)``) on the same executor, measured in one run.
+
+    python -m codepool.ops.bench.contexts --local [--rounds 200]
+
+Prints p50/p90 of: a lone snippet's round trip, a context's fork() (to a usable new
+context), a call on a context, and the fork/snippet ratio (issue 24 asks for p50 within
+2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from codepool.worker.engine.executor import LocalExecutor
+
+
+def _quantiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[int(len(ordered) * 0.9)]
+
+
+def local(rounds: int) -> None:
+    with LocalExecutor(concurrency=2, max_contexts=8) as executor:
+        snippet_s, fork_s, call_s = [], [], []
+        with executor.context() as parent:
+            parent.run_code("import numpy as np\na = np.arange(1000)")
+            for _ in range(10):  # warm both paths
+                executor.run("print(1)")
+                for fork in parent.fork():
+                    fork.close()
+            for _ in range(rounds):  # interleaved, so both see the same machine
+                started = time.perf_counter()
+                executor.run("print(1)")
+                snippet_s.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                (fork,) = parent.fork()
+                fork_s.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                fork.run_code("print(a.sum())")
+                call_s.append(time.perf_counter() - started)
+                fork.close()
+    for name, samples in (("snippet print(1)", snippet_s), ("context fork()", fork_s)):
+        p50, p90 = _quantiles(samples)
+        print(f"{name:<24} p50 {p50 * 1e3:6.2f} ms   p90 {p90 * 1e3:6.2f} ms")
+    p50, p90 = _quantiles(call_s)
+    print(f"{'call on the fork':<24} p50 {p50 * 1e3:6.2f} ms   p90 {p90 * 1e3:6.2f} ms")
+    ratio = statistics.median(fork_s) / statistics.median(snippet_s)
+    print(f"fork p50 / snippet p50: {ratio:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--local", action="store_true", help="measure on a LocalExecutor")
+    parser.add_argument("--rounds", type=int, default=200)
+    args = parser.parse_args()
+    if not args.local:
+        parser.error("only --local exists so far (contexts are not routed through Redis yet)")
+    local(args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Interpreter contexts on a LocalExecutor: real processes, no mocks."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from codepool.common.errors import ContextError
+from codepool.common.observation import format_tool_content
+from codepool.worker.engine.executor import LocalExecutor
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def executor():
+    with LocalExecutor(concurrency=2, max_contexts=6, context_ttl_s=3.0) as ex:
+        yield ex
+
+
+def _wait(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_state_persists_and_each_call_has_its_own_output(executor):
+    with executor.context() as ctx:
+        first = ctx.run_code("x = 41\nprint('first')")
+        second = ctx.run_code("x += 1\nprint(x)")
+        assert (first.stdout, second.stdout) == ("first\n", "42\n")
+        assert second.ok and second.status == "ok"
+        assert ctx.history == ["x = 41\nprint('first')", "x += 1\nprint(x)"]
+        failed = ctx.run_code("1/0")
+        assert failed.status == "error" and "ZeroDivisionError" in failed.stderr
+        assert "ZeroDivisionError" in format_tool_content(failed)
+        assert format_tool_content(ctx.run_code("print(x)")) == "42\n"
+        big = ctx.run_code("print('y' * 10000)", max_output_chars=100)
+        assert big.truncated and "truncated" in big.stdout and len(big.stdout) < 200
+        assert ctx.run_code("print(1)").stdout == "1\n"  # the cut output does not linger
+
+
+def test_fork_is_isolated_from_parent_and_siblings(executor):
+    with executor.context() as parent:
+        parent.run_code(
+            "import json, os\nx = [1]\nopen('f.txt', 'w').write('parent')\njson.tag = 'p'"
+        )
+        a, b = parent.fork(2)
+        with a, b:
+            a.run_code("x.append(2)\nopen('f.txt', 'w').write('a')\njson.tag = 'a'")
+            probe = "print(x, open('f.txt').read(), json.tag, sorted(os.listdir('.')))"
+            assert a.run_code(probe).stdout == "[1, 2] a a ['f.txt']\n"
+            assert b.run_code(probe).stdout == "[1] parent p ['f.txt']\n"
+            assert parent.run_code(probe).stdout == "[1] parent p ['f.txt']\n"
+            assert a.history == parent.history[:1] + a.history[1:]
+
+
+def test_timeout_ends_only_that_context(executor):
+    with executor.context() as parent:
+        parent.run_code("x = 7")
+        (child,) = parent.fork()
+        with child:
+            result = parent.run_code("import time\ntime.sleep(30)", timeout_s=1)
+            assert result.status == "timeout" and result.timed_out
+            assert format_tool_content(result, timeout_s=1) == (
+                "Error: execution timed out after 1 seconds."
+            )
+            assert parent.ended and "timed out" in parent.ended
+            again = parent.run_code("print(x)")
+            assert again.status == "rejected" and "timed out" in again.stderr
+            assert child.run_code("print(x)").stdout == "7\n"
+            assert _wait(lambda: _gone(parent.pid))
+
+
+def test_memory_limit_ends_only_that_context(executor):
+    with executor.context(memory_mb=256) as ctx:
+        ctx.run_code("x = 1")
+        (sibling,) = ctx.fork()
+        with sibling:
+            result = ctx.run_code("y = bytearray(1024 << 20)")
+            assert result.status == "memory"
+            assert ctx.ended and "memory" in ctx.ended
+            assert ctx.run_code("print(x)").status == "rejected"
+            assert sibling.run_code("print(x)").stdout == "1\n"
+
+
+def test_ttl_ends_an_idle_context_leaving_no_process_or_dir(executor):
+    keeper = executor.context()
+    with keeper:
+        keeper.run_code("import os")
+        (idle,) = keeper.fork()
+        work_dir = idle.run_code("import os\nprint(os.getcwd())").stdout.strip()
+        assert keeper.run_code(f"print(os.path.isdir({work_dir!r}))").stdout == "True\n"
+        pid = idle.pid
+        assert not _gone(pid)
+        # The keeper stays busy past the TTL; the fork sits idle.
+        keeper.run_code("import time\ntime.sleep(4.5)", timeout_s=10)
+        assert _wait(lambda: idle.ended is not None)
+        assert "TTL" in idle.ended
+        assert _wait(lambda: _gone(pid))
+        probe = f"print(os.path.exists({work_dir!r}))"
+        assert _wait(lambda: keeper.run_code(probe).stdout == "False\n", 10)
+        assert idle.run_code("print(1)").status == "rejected"
+
+
+def test_cap_on_live_contexts_says_so(executor):
+    opened = []
+    try:
+        while len(opened) < 6:
+            opened.append(executor.context())
+        with pytest.raises(ContextError, match="cap"):
+            executor.context()
+        with pytest.raises(ContextError, match="cap"):
+            opened[0].fork()
+    finally:
+        for ctx in opened:
+            ctx.close()
+    with executor.context() as again:  # room again once closed
+        assert again.run_code("print(2)").stdout == "2\n"
+
+
+def test_close_twice_and_use_after_close(executor):
+    ctx = executor.context()
+    pid = ctx.pid
+    ctx.close()
+    ctx.close()
+    with pytest.raises(ContextError):
+        ctx.run_code("print(1)")
+    assert _wait(lambda: _gone(pid))
+
+
+def test_leftover_processes_of_a_call_are_killed(executor):
+    with executor.context() as ctx:
+        out = ctx.run_code(
+            "import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print(p.pid)"
+        )
+        assert out.ok
+        alive = ctx.run_code(f"import os\nprint(os.path.exists('/proc/{out.stdout.strip()}'))")
+        assert alive.stdout == "False\n"
