@@ -51,6 +51,20 @@ class Keys:
         """Hash: ``slots``, the sum of ``host_slots`` (what batches are announced by)."""
         return f"{self.prefix}fleet"
 
+    def context(self, context_id: str) -> str:
+        """Hash: an interpreter context of the fleet: ``host`` (the worker host it lives
+        on), ``ttl`` (seconds); expires when idle that long (each call renews it)."""
+        return f"{self.prefix}ctx:{context_id}"
+
+    def host_requests(self, host: str) -> str:
+        """List: msgpack requests for the interpreter contexts a worker host holds
+        (open, run, fork, close), oldest first; its context server pops them."""
+        return f"{self.prefix}host:{host}:requests"
+
+    def context_reply(self, request_id: str) -> str:
+        """List: the one msgpack reply to a context request (expires in a minute)."""
+        return f"{self.prefix}reply:{request_id}"
+
     def fenced(self) -> str:
         """Sorted set: worker host or dispatcher -> when a janitor fenced it (Redis
         server time, s), until its work is released."""

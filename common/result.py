@@ -52,6 +52,9 @@ class ExecResult:
     # traceback}). A cell the snippet never reached (killed, timed out) has no entry.
     cells: list[dict[str, Any]] = field(default_factory=list)
     limit: str | None = None
+    # An interpreter context's call that ran on a context rebuilt on another host (its
+    # host was lost; the context's earlier successful calls were replayed first).
+    rebuilt: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

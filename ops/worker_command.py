@@ -57,6 +57,19 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
         default=None,
         help="ceiling on any snippet's memory_mb (default 1024)",
     )
+    parser.add_argument(
+        "--max-contexts",
+        type=int,
+        default=None,
+        help="interpreter contexts live at once on this host (default: one per 256 MiB "
+        "of its memory, 4 to 1024)",
+    )
+    parser.add_argument(
+        "--context-ttl",
+        type=float,
+        default=300.0,
+        help="seconds an idle interpreter context lives (default 300)",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -83,5 +96,7 @@ def run_command(args: argparse.Namespace) -> int:
         log_level="DEBUG" if args.verbose else "INFO",
         allow_weak_isolation=args.allow_weak_isolation,
         drain_s=max(0.0, args.drain_s),
+        max_contexts=args.max_contexts,
+        context_ttl_s=args.context_ttl,
     )
     return WorkerHost(settings, options).serve()

@@ -42,6 +42,7 @@ from codepool.common.settings import Settings
 from codepool.common.snippet import INPUT_KEYWORDS
 from codepool.common.wire import RUN_TAG_MAX_CHARS, BatchJob, new_batch_id
 from codepool.producer.batch import POLL_BLOCK_S, Batch
+from codepool.producer.context import RemoteContext, open_context
 from codepool.producer.lease import ProducerLease, producer_name
 
 __all__ = ["Batch", "CodePool"]  # Batch lives in producer/batch.py
@@ -313,6 +314,18 @@ class CodePool:
                 self.janitor.abandon(beat.lapsed_producers)
             self._watched = live
             return live
+
+    def context(self, *, rebuild: bool = True, **limits: Any) -> RemoteContext:
+        """Open an interpreter context on a worker host of the fleet (producer/context.py):
+        state kept across its calls, forkable; rebuilt on another host by replaying its
+        successful calls if its host is lost (``rebuild=False``: such a call comes back
+        ``infra`` instead). Keywords: Limits fields, its defaults. Raises CodepoolError
+        when no live host can take it (none live, or all at their cap)."""
+        effective = self.limits.with_overrides(**limits)
+        return open_context(self, effective.to_dict(), rebuild=rebuild)
+
+    async def acontext(self, *, rebuild: bool = True, **limits: Any) -> RemoteContext:
+        return await asyncio.to_thread(functools.partial(self.context, rebuild=rebuild, **limits))
 
     async def asubmit(self, codes: Sequence[Any], *, run: str = "", **limits: Any) -> Batch:
         """``submit`` for async callers (runs in a thread; any event loop)."""

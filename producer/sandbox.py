@@ -34,6 +34,7 @@ from codepool.common.result import CANCELLED, ExecResult, cancelled, infra
 from codepool.common.sandbox_stats import SandboxStats
 from codepool.common.settings import Settings
 from codepool.common.snippet import split_inputs
+from codepool.producer.context import RemoteContext
 from codepool.producer.pool import Batch, CodePool
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,14 @@ class RemoteSandbox:
         """``run_code`` for async callers (any event loop)."""
         # wrap_future binds to whichever loop awaits, so asyncio.run per step works.
         return await asyncio.wrap_future(self.submit(code, **keywords))
+
+    def context(self, *, rebuild: bool = True, **limits: Any) -> RemoteContext:
+        """An interpreter context on the fleet (``CodePool.context``), with this
+        sandbox's limits as its defaults."""
+        return self.pool.context(rebuild=rebuild, **{**self.limits, **limits})
+
+    async def acontext(self, *, rebuild: bool = True, **limits: Any) -> RemoteContext:
+        return await self.pool.acontext(rebuild=rebuild, **{**self.limits, **limits})
 
     def format_tool_content(self, result: ExecResult) -> str:
         return format_tool_content(result, timeout_s=self.timeout, markers=self.markers)

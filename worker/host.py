@@ -40,6 +40,7 @@ from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
 from codepool.common.settings import DEFAULT_DRAIN_S, Settings
 from codepool.worker import host_window
+from codepool.worker.context_server import ContextServer
 from codepool.worker.dispatcher import CUT_SIGNAL, LEASE_FILE, WINDOW_FILE, DispatcherConfig
 from codepool.worker.engine import leftovers
 from codepool.worker.engine.executor import LocalExecutor
@@ -75,6 +76,8 @@ class WorkerOptions:
     log_level: str = "INFO"
     allow_weak_isolation: bool = False
     drain_s: float = DEFAULT_DRAIN_S  # the drain deadline: first SIGTERM to exit, seconds
+    max_contexts: int | None = None  # live interpreter contexts (None: by the host's memory)
+    context_ttl_s: float = 300.0  # an idle context's life
 
 
 class WorkerHost:
@@ -97,6 +100,7 @@ class WorkerHost:
         self._dir = leftovers.make_dir(HOST_DIR_PREFIX)
         self._window_path = os.path.join(self._dir, WINDOW_FILE)
         self.executor: LocalExecutor | None = None
+        self.contexts: ContextServer | None = None
         # Short timeouts, no retries: a Redis that is gone must not hold up a stop.
         quick = settings.replace(
             socket_timeout_s=HOST_REDIS_TIMEOUT_S, connect_timeout_s=HOST_REDIS_TIMEOUT_S
@@ -126,6 +130,8 @@ class WorkerHost:
                 allow_weak_isolation=self.options.allow_weak_isolation,
                 listen_path=os.path.join(self._dir, "zygote.sock"),
                 name=self.name,
+                max_contexts=self.options.max_contexts,
+                context_ttl_s=self.options.context_ttl_s,
             )
             log.info(
                 "worker %s: %d slots (%s mode), %d dispatchers on queue %r",
@@ -137,12 +143,17 @@ class WorkerHost:
             )
             host_window.create(self._window_path, self.dispatcher_count)
             self.lease.start()
+            if self.executor.mode == "fork":  # contexts need fork mode
+                self.contexts = ContextServer(self.settings, self.executor, host=self.name)
+                self.contexts.start()
             for slot in range(self.dispatcher_count):
                 if not self.signals:  # a stop asked for while the executor started
                     self._start_dispatcher(slot)
             self._supervise()
         finally:
             self._stop_dispatchers()
+            if self.contexts is not None:
+                self.contexts.stop()
             self.lease.stop()
             self.board.close()
             if self.executor is not None:

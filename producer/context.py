@@ -1,0 +1,270 @@
+"""Interpreter contexts of the fleet: state that lives across the calls of a
+trajectory, on one worker host, reached through Redis (``CodePool.context()``,
+``RemoteSandbox.context()``).
+
+A context is opened on a live host that has room (hosts cap their live contexts), and
+every call and fork goes to that host's request list; the host answers on a reply list
+of the request's own (common/context_requests.py, worker/context_server.py). A fork
+lives on its parent's host: it is the host's copy-on-write fork of the parent's state.
+
+The successful calls' code is recorded here, in order (forks inherit it). When the
+context's host is lost (its lease lapsed, or no answer within the call's timeout and a
+margin), the next call rebuilds the context on another host by replaying that record,
+and its result says so (``ExecResult.rebuilt``); with ``rebuild=False`` the call
+comes back ``infra``, "the context was lost with its host". Replay re-runs side effects
+(prints are dropped, randomness and files are made again): code that must not repeat
+belongs in calls that fail, or in a context opened with ``rebuild=False``.
+
+A context nobody closes (a trainer killed mid-step) ends on its host after its idle TTL
+(the executor's ``context_ttl_s``), and its Redis record expires after the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+import redis
+
+from codepool.common.codec import decode_result
+from codepool.common.context_requests import ContextReply, ContextRequest, new_id
+from codepool.common.errors import CodepoolError
+from codepool.common.result import ExecResult, not_run, rejected
+
+if TYPE_CHECKING:
+    from codepool.producer.pool import CodePool
+
+OPEN_TIMEOUT_S = 10.0  # a host that does not answer an open within this is passed over
+REPLY_MARGIN_S = 10.0  # beyond a call's own timeout, before its host counts as lost
+LIVENESS_EVERY_S = 1.0  # how often a waiting call looks whether its host still lives
+DEFAULT_TTL_S = 300.0  # the executors' default context_ttl_s
+REQUESTS_TTL_S = 3600  # a dead host's request list expires
+
+
+class ContextLost(CodepoolError):
+    """The context's host is gone and it could not be rebuilt."""
+
+
+class RemoteContext:
+    """One interpreter context of the fleet; thread-safe, calls run in order."""
+
+    def __init__(
+        self,
+        pool: CodePool,
+        context_id: str,
+        host: str,
+        limits: dict[str, Any],
+        *,
+        rebuild: bool = True,
+        ttl_s: float = DEFAULT_TTL_S,
+        history: list[str] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.id = context_id
+        self.host = host
+        self.limits = limits
+        self.rebuild = rebuild
+        self.ttl_s = ttl_s
+        self.history: list[str] = list(history or [])
+        self.rebuilds = 0
+        self.ended: str | None = None
+        self._lock = threading.RLock()
+
+    # -- calls -----------------------------------------------------------------------
+
+    def run_code(self, code: str, **limits: Any) -> ExecResult:
+        """Run ``code`` in this context; the ExecResult of this call alone."""
+        with self._lock:
+            if self.ended is not None:
+                return rejected(f"rejected: the context ended: {self.ended}")
+            timeout_s = float(limits.get("timeout_s", self.limits.get("timeout_s", 30.0)))
+            reply = self._ask(ContextRequest("run", self.id, code=code, limits=limits), timeout_s)
+            rebuilt = False
+            if reply is None:
+                lost = self._lost(timeout_s)
+                if lost is not None:
+                    return lost
+                rebuilt = True
+                reply = self._ask(
+                    ContextRequest("run", self.id, code=code, limits=limits), timeout_s
+                )
+                if reply is None:
+                    self.ended = f"its host {self.host} was lost right after a rebuild"
+                    return not_run("infra", f"codepool: {self.ended}")
+            if not reply.ok:
+                self.ended = reply.error
+                return rejected(f"rejected: the context ended: {reply.error}")
+            result = decode_result(reply.result)
+            if result.status == "ok":
+                self.history.append(code)
+            elif result.status in ("timeout", "memory") or result.limit == "cpu_time":
+                self.ended = f"its call ended it ({result.status})"
+            return result.replace(rebuilt=True) if rebuilt else result
+
+    async def arun_code(self, code: str, **limits: Any) -> ExecResult:
+        return await asyncio.to_thread(self.run_code, code, **limits)
+
+    def fork(self, n: int = 1) -> list[RemoteContext]:
+        """n new contexts on this one's host, each from a copy of its state now."""
+        with self._lock:
+            if self.ended is not None:
+                raise CodepoolError(f"cannot fork: the context ended: {self.ended}")
+            new = [new_id() for _ in range(n)]
+            reply = self._ask(ContextRequest("fork", self.id, new=new), OPEN_TIMEOUT_S)
+            if reply is None:
+                if self._lost(OPEN_TIMEOUT_S) is not None:
+                    raise ContextLost(f"cannot fork: {self.ended}")
+                reply = self._ask(ContextRequest("fork", self.id, new=new), OPEN_TIMEOUT_S)
+            if reply is None or not reply.ok:
+                raise CodepoolError(f"cannot fork: {reply.error if reply else 'host lost'}")
+            forks = [
+                RemoteContext(
+                    self.pool,
+                    fork_id,
+                    self.host,
+                    self.limits,
+                    rebuild=self.rebuild,
+                    ttl_s=self.ttl_s,
+                    history=self.history,
+                )
+                for fork_id in new
+            ]
+            for fork in forks:
+                fork._record()
+            return forks
+
+    async def afork(self, n: int = 1) -> list[RemoteContext]:
+        return await asyncio.to_thread(self.fork, n)
+
+    def close(self) -> None:
+        """End the context (idempotent; its host and Redis record let it go)."""
+        with self._lock:
+            if self.ended == "closed by its caller":
+                return
+            was_live = self.ended is None
+            self.ended = "closed by its caller"
+        if not was_live:
+            return
+        keys = self.pool.keys
+        try:
+            with self.pool.conn.pipeline(transaction=False) as pipe:
+                pipe.rpush(keys.host_requests(self.host), ContextRequest("close", self.id).encode())
+                pipe.delete(keys.context(self.id))
+                pipe.execute()
+        except redis.RedisError:
+            pass  # its host's TTL ends it
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> RemoteContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RemoteContext:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the way there -----------------------------------------------------------------
+
+    def _record(self) -> None:
+        keys = self.pool.keys
+        with self.pool.conn.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.context(self.id), mapping={"host": self.host, "ttl": self.ttl_s})
+            pipe.expire(keys.context(self.id), int(self.ttl_s) + 60)
+            pipe.execute()
+
+    def _ask(self, request: ContextRequest, timeout_s: float) -> ContextReply | None:
+        """Send ``request`` to the host and wait for its reply; None when the host
+        lapsed meanwhile or did not answer within ``timeout_s`` and a margin."""
+        keys, conn = self.pool.keys, self.pool.conn
+        requests_key = keys.host_requests(self.host)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.rpush(requests_key, request.encode())
+            pipe.expire(requests_key, REQUESTS_TTL_S)
+            pipe.expire(keys.context(self.id), int(self.ttl_s) + 60)
+            pipe.execute()
+        deadline = time.monotonic() + timeout_s + REPLY_MARGIN_S
+        reply_key = keys.context_reply(request.id)
+        while True:
+            wait_s = min(LIVENESS_EVERY_S, deadline - time.monotonic())
+            if wait_s <= 0:
+                return None
+            popped = conn.blpop([reply_key], timeout=max(0.01, wait_s))
+            if popped is not None:
+                return ContextReply.decode(cast(list[bytes], popped)[1])
+            if not host_lives(self.pool, self.host):
+                return None
+
+    def _lost(self, timeout_s: float) -> ExecResult | None:
+        """The host is lost: rebuild here (None: rebuilt) or say why it cannot be."""
+        lost_host = self.host
+        if not self.rebuild:
+            self.ended = f"the context was lost with its host {lost_host}"
+            return not_run("infra", f"codepool: {self.ended}")
+        try:
+            host = open_on_a_host(self.pool, self.id, self.limits, exclude={lost_host})
+        except CodepoolError as exc:
+            self.ended = f"its host {lost_host} was lost and no host could take it: {exc}"
+            return not_run("infra", f"codepool: {self.ended}")
+        self.host = host
+        self._record()
+        for code in self.history:
+            reply = self._ask(ContextRequest("run", self.id, code=code), timeout_s)
+            replayed = decode_result(reply.result) if reply is not None and reply.ok else None
+            if replayed is None or replayed.status != "ok":
+                self.ended = f"its host {lost_host} was lost and replaying its calls failed"
+                return not_run("infra", f"codepool: {self.ended}")
+        self.rebuilds += 1
+        return None
+
+
+def host_lives(pool: CodePool, host: str) -> bool:
+    """Whether worker host ``host`` holds its lease (Redis server time)."""
+    seconds, micros = pool.conn.time()
+    score = pool.conn.zscore(pool.keys.hosts(), host)
+    return score is not None and float(score) >= seconds + micros / 1e6 - pool.settings.lease_s
+
+
+def live_hosts(pool: CodePool) -> list[str]:
+    seconds, micros = pool.conn.time()
+    since = seconds + micros / 1e6 - pool.settings.lease_s
+    names = cast(list[bytes], pool.conn.zrangebyscore(pool.keys.hosts(), since, "+inf"))
+    # A host that was fenced and came back holds its lease as host~N; it serves its
+    # contexts under its own name.
+    return sorted({name.decode().split("~")[0] for name in names})
+
+
+def open_on_a_host(
+    pool: CodePool, context_id: str, limits: dict[str, Any], *, exclude: set[str]
+) -> str:
+    """Open context ``context_id`` on a live host (a random one with room); its name."""
+    hosts = [host for host in live_hosts(pool) if host not in exclude]
+    random.shuffle(hosts)
+    errors = []
+    for host in hosts:
+        probe = RemoteContext(pool, context_id, host, limits)
+        reply = probe._ask(ContextRequest("open", context_id, limits=limits), OPEN_TIMEOUT_S)
+        if reply is not None and reply.ok:
+            return host
+        errors.append(f"{host}: {reply.error if reply else 'no answer'}")
+    if not hosts:
+        raise CodepoolError("no live worker host to open a context on")
+    raise CodepoolError("no worker host could open a context: " + "; ".join(errors))
+
+
+def open_context(
+    pool: CodePool, limits: dict[str, Any], *, rebuild: bool = True, ttl_s: float = DEFAULT_TTL_S
+) -> RemoteContext:
+    context_id = new_id()
+    host = open_on_a_host(pool, context_id, limits, exclude=set())
+    context = RemoteContext(pool, context_id, host, limits, rebuild=rebuild, ttl_s=ttl_s)
+    context._record()
+    return context

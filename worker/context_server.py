@@ -1,0 +1,177 @@
+"""The worker host's context server: it answers the requests for the interpreter
+contexts the host holds (common/context_requests.py), on the host's executor.
+
+One thread waits on the host's request list (one blocking pop at a time, so an idle
+host costs Redis one command every BLOCK_S) and hands each request to the executor
+without waiting for it: calls and forks resolve on the executor's own threads, and
+their replies go out from one writer thread. Calls on one context run one at a time,
+in order (the engine's rule), calls on different contexts in parallel, each holding
+one of the executor's slots only while it runs. A context the engine ended (a limit, its
+idle TTL) is dropped here at its next request, which is told so.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, cast
+
+import redis
+
+from codepool.common.codec import encode_result
+from codepool.common.connection import redis_client
+from codepool.common.context_requests import ContextReply, ContextRequest
+from codepool.common.errors import CodepoolError, WireError
+from codepool.common.settings import Settings
+from codepool.worker.engine.context import Context
+from codepool.worker.engine.executor import LocalExecutor
+
+log = logging.getLogger(__name__)
+
+BLOCK_S = 30
+REPLY_TTL_S = 60
+_STOP = object()
+
+
+class ContextServer:
+    """Serves host ``host``'s contexts on ``executor``."""
+
+    def __init__(self, settings: Settings, executor: LocalExecutor, *, host: str) -> None:
+        self.conn = redis_client(settings, block_s=BLOCK_S)
+        self.keys = settings.keys
+        self.executor = executor
+        self.host = host
+        self.contexts: dict[str, Context] = {}
+        self._lock = threading.Lock()
+        self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="codepool-contexts", daemon=True)
+        self._writer = threading.Thread(target=self._write, name="codepool-replies", daemon=True)
+
+    def start(self) -> None:
+        self._reader.start()
+        self._writer.start()
+
+    def stop(self) -> None:
+        """Stop taking requests and end every context (their state goes with the host)."""
+        self._stop.set()
+        with self._lock:
+            contexts, self.contexts = list(self.contexts.values()), {}
+        for context in contexts:
+            try:
+                context.close()
+            except CodepoolError:
+                pass
+        self._replies.put(_STOP)
+        self._writer.join(timeout=5)
+        self.conn.close()
+
+    def live(self) -> int:
+        with self._lock:
+            return sum(context.ended is None for context in self.contexts.values())
+
+    # -- requests --------------------------------------------------------------------
+
+    def _read(self) -> None:
+        key = self.keys.host_requests(self.host)
+        while not self._stop.is_set():
+            try:
+                popped = self.conn.blpop([key], timeout=BLOCK_S)
+            except (redis.RedisError, OSError, ValueError) as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("worker %s: context requests: %s", self.host, exc)
+                self._stop.wait(1.0)
+                continue
+            if popped is None:
+                continue
+            try:
+                request = ContextRequest.decode(cast(list[bytes], popped)[1])
+            except WireError as exc:
+                log.error("worker %s: dropped a context request: %s", self.host, exc)
+                continue
+            try:
+                self._take(request)
+            except Exception as exc:  # a bad request must not stop the server
+                self._reply(request, ContextReply(ok=False, error=f"{type(exc).__name__}: {exc}"))
+
+    def _take(self, request: ContextRequest) -> None:
+        if request.op == "open":
+            self._open(request)
+            return
+        with self._lock:
+            context = self.contexts.get(request.ctx)
+            if context is not None and context.ended is not None and request.op != "run":
+                del self.contexts[request.ctx]
+        if request.op == "close":
+            if context is not None:
+                with self._lock:
+                    self.contexts.pop(request.ctx, None)
+                context.close()
+            self._reply(request, ContextReply(ok=True))
+            return
+        if context is None:
+            message = "no such context on this host: it ended (a limit or its idle TTL)"
+            self._reply(request, ContextReply(ok=False, error=message))
+            return
+        if request.op == "run":
+            future = context.submit(request.code, **request.limits)
+            future.add_done_callback(lambda f: self._ran(request, context, f))
+        else:  # fork
+            forked = context.submit_fork(len(request.new))
+            forked.add_done_callback(lambda f: self._forked(request, f))
+
+    def _open(self, request: ContextRequest) -> None:
+        opened = self.executor.open_context(**request.limits)
+
+        def done(future: Future[Context]) -> None:
+            try:
+                context = future.result()
+            except CodepoolError as exc:
+                self._reply(request, ContextReply(ok=False, error=str(exc)))
+                return
+            with self._lock:
+                self.contexts[request.ctx] = context
+            self._reply(request, ContextReply(ok=True))
+
+        opened.add_done_callback(done)
+
+    def _ran(self, request: ContextRequest, context: Context, future: Future[Any]) -> None:
+        try:
+            result = future.result()
+        except CodepoolError as exc:
+            self._reply(request, ContextReply(ok=False, error=str(exc)))
+            return
+        if context.ended is not None:
+            with self._lock:
+                if self.contexts.get(request.ctx) is context:
+                    del self.contexts[request.ctx]
+        self._reply(request, ContextReply(ok=True, result=encode_result(result)))
+
+    def _forked(self, request: ContextRequest, future: Future[list[Context]]) -> None:
+        try:
+            forks = future.result()
+        except CodepoolError as exc:
+            self._reply(request, ContextReply(ok=False, error=str(exc)))
+            return
+        with self._lock:
+            self.contexts.update(zip(request.new, forks, strict=True))
+        self._reply(request, ContextReply(ok=True))
+
+    # -- replies ---------------------------------------------------------------------
+
+    def _reply(self, request: ContextRequest, reply: ContextReply) -> None:
+        self._replies.put((self.keys.context_reply(request.id), reply.encode()))
+
+    def _write(self) -> None:
+        while (item := self._replies.get()) is not _STOP:
+            key, data = item
+            try:
+                with self.conn.pipeline(transaction=False) as pipe:
+                    pipe.rpush(key, data)
+                    pipe.expire(key, REPLY_TTL_S)
+                    pipe.execute()
+            except redis.RedisError as exc:
+                log.warning("worker %s: a context reply was lost: %s", self.host, exc)
