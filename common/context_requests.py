@@ -10,7 +10,7 @@ A context lives on one worker host; a request goes on that host's list
   ``limits`` (a Limits dict: the context's defaults for ``open``, the call's overrides
   for ``run``), ``new`` (for ``fork``: the ids of the forks to make).
 - reply: ``ok`` (bool), ``result`` (an encoded ExecResult, for ``run``), ``error`` (why
-  not, for the others).
+  not, for the others), ``ttl`` (for ``open``: the host's idle TTL, seconds).
 """
 
 from __future__ import annotations
@@ -74,9 +74,10 @@ class ContextReply:
     ok: bool
     result: bytes = b""
     error: str = ""
+    ttl_s: float = 0.0
 
     def encode(self) -> bytes:
-        return dumps({"ok": self.ok, "result": self.result, "error": self.error})
+        return dumps({"ok": self.ok, "result": self.result, "error": self.error, "ttl": self.ttl_s})
 
     @classmethod
     def decode(cls, data: bytes) -> ContextReply:
@@ -86,6 +87,7 @@ class ContextReply:
                 ok=bool(record["ok"]),
                 result=bytes(record.get("result") or b""),
                 error=str(record.get("error", "")),
+                ttl_s=float(record.get("ttl") or 0.0),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"malformed context reply: {exc}") from exc

@@ -16,6 +16,18 @@ ZYGOTE_FIELDS = ("zygote_bare", "zygote_light", "zygote_mid", "zygote_heavy")
 LIMIT_FIELDS = tuple(f"limit_{name}" for name in LIMITS)
 # ``cancelled``: snippets given up on before they had a result (``ledger.CANCEL`` counts
 # them); they are not ``calls``, so no rate below counts them as errors.
+# Interpreter contexts of the fleet (producer/context.py, worker/context_server.py):
+# opened, forks made, calls run, ended by a call's limit or by their idle TTL, and
+# rebuilt on another host after theirs was lost. (Live contexts are a gauge per host,
+# ``contexts_live`` in its stats hash.)
+CONTEXT_FIELDS = (
+    "contexts_opened",
+    "contexts_forked",
+    "context_calls",
+    "contexts_ended_limit",
+    "contexts_ended_ttl",
+    "contexts_rebuilt",
+)
 FIELDS = (
     "calls",
     *STATUSES,
@@ -26,6 +38,7 @@ FIELDS = (
     *BUCKET_FIELDS,
     *ZYGOTE_FIELDS,
     *LIMIT_FIELDS,
+    *CONTEXT_FIELDS,
 )
 
 

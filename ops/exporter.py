@@ -121,6 +121,22 @@ class PoolCollector(Collector):
             "Worker hosts with a heartbeat in the last 30 s",
             value=snap["workers_alive"],
         )
+        events = CounterMetricFamily(
+            "codepool_contexts",
+            "Interpreter contexts: opened, forked, calls run, ended by a limit or their idle "
+            "TTL, rebuilt after their host was lost",
+            labels=["event"],
+        )
+        for field in counters.CONTEXT_FIELDS:
+            events.add_metric(
+                [field.replace("contexts_", "").replace("context_", "")], totals[field]
+            )
+        yield events
+        yield GaugeMetricFamily(
+            "codepool_contexts_live",
+            "Interpreter contexts held by the live worker hosts (their last heartbeats)",
+            value=sum(w["contexts_live"] for w in snap["workers"] if w["alive"]),
+        )
         beats = GaugeMetricFamily(
             "codepool_worker_last_heartbeat_seconds",
             "Unix time of each worker host's last heartbeat (hosts seen in the last hour)",

@@ -46,6 +46,7 @@ class WorkerView(TypedDict):
     slots: int | None
     mode: str
     calls: int
+    contexts_live: int  # interpreter contexts it holds, as of its last heartbeat
 
 
 class Snapshot(TypedDict):
@@ -114,10 +115,12 @@ def _workers(
     names = [member.decode() for member, _ in seen]
     with conn.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.hmget(settings.keys.worker_stats(name), ["slots", "mode", "calls"])
+            pipe.hmget(
+                settings.keys.worker_stats(name), ["slots", "mode", "calls", "contexts_live"]
+            )
         fields = pipe.execute() if names else []
     views = []
-    for name, (_, beat_s), (slots, mode, calls) in zip(names, seen, fields, strict=True):
+    for name, (_, beat_s), (slots, mode, calls, live) in zip(names, seen, fields, strict=True):
         views.append(
             WorkerView(
                 name=name,
@@ -127,6 +130,7 @@ def _workers(
                 slots=int(slots) if slots is not None else None,
                 mode=mode.decode() if mode is not None else "?",
                 calls=int(calls or 0),
+                contexts_live=int(live or 0),
             )
         )
     views.sort(key=lambda w: (not w["alive"], w["name"]))

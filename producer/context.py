@@ -42,6 +42,7 @@ REPLY_MARGIN_S = 10.0  # beyond a call's own timeout, before its host counts as 
 LIVENESS_EVERY_S = 1.0  # how often a waiting call looks whether its host still lives
 DEFAULT_TTL_S = 300.0  # the executors' default context_ttl_s
 REQUESTS_TTL_S = 3600  # a dead host's request list expires
+RECORD_MARGIN_S = 5  # the Redis record outlives the host's idle TTL by this much
 
 
 class ContextLost(CodepoolError):
@@ -178,7 +179,7 @@ class RemoteContext:
         keys = self.pool.keys
         with self.pool.conn.pipeline(transaction=False) as pipe:
             pipe.hset(keys.context(self.id), mapping={"host": self.host, "ttl": self.ttl_s})
-            pipe.expire(keys.context(self.id), int(self.ttl_s) + 60)
+            pipe.expire(keys.context(self.id), int(self.ttl_s) + RECORD_MARGIN_S)
             pipe.execute()
 
     def _ask(self, request: ContextRequest, timeout_s: float) -> ContextReply | None:
@@ -189,7 +190,7 @@ class RemoteContext:
         with conn.pipeline(transaction=False) as pipe:
             pipe.rpush(requests_key, request.encode())
             pipe.expire(requests_key, REQUESTS_TTL_S)
-            pipe.expire(keys.context(self.id), int(self.ttl_s) + 60)
+            pipe.expire(keys.context(self.id), int(self.ttl_s) + RECORD_MARGIN_S)
             pipe.execute()
         deadline = time.monotonic() + timeout_s + REPLY_MARGIN_S
         reply_key = keys.context_reply(request.id)
@@ -210,7 +211,7 @@ class RemoteContext:
             self.ended = f"the context was lost with its host {lost_host}"
             return not_run("infra", f"codepool: {self.ended}")
         try:
-            host = open_on_a_host(self.pool, self.id, self.limits, exclude={lost_host})
+            host, self.ttl_s = open_on_a_host(self.pool, self.id, self.limits, exclude={lost_host})
         except CodepoolError as exc:
             self.ended = f"its host {lost_host} was lost and no host could take it: {exc}"
             return not_run("infra", f"codepool: {self.ended}")
@@ -223,6 +224,10 @@ class RemoteContext:
                 self.ended = f"its host {lost_host} was lost and replaying its calls failed"
                 return not_run("infra", f"codepool: {self.ended}")
         self.rebuilds += 1
+        try:
+            self.pool.conn.hincrby(self.pool.keys.stats(), "contexts_rebuilt", 1)
+        except redis.RedisError:
+            pass  # a count, not the call
         return None
 
 
@@ -244,8 +249,9 @@ def live_hosts(pool: CodePool) -> list[str]:
 
 def open_on_a_host(
     pool: CodePool, context_id: str, limits: dict[str, Any], *, exclude: set[str]
-) -> str:
-    """Open context ``context_id`` on a live host (a random one with room); its name."""
+) -> tuple[str, float]:
+    """Open context ``context_id`` on a live host (a random one with room); its name and
+    its idle TTL."""
     hosts = [host for host in live_hosts(pool) if host not in exclude]
     random.shuffle(hosts)
     errors = []
@@ -253,18 +259,16 @@ def open_on_a_host(
         probe = RemoteContext(pool, context_id, host, limits)
         reply = probe._ask(ContextRequest("open", context_id, limits=limits), OPEN_TIMEOUT_S)
         if reply is not None and reply.ok:
-            return host
+            return host, reply.ttl_s or DEFAULT_TTL_S
         errors.append(f"{host}: {reply.error if reply else 'no answer'}")
     if not hosts:
         raise CodepoolError("no live worker host to open a context on")
     raise CodepoolError("no worker host could open a context: " + "; ".join(errors))
 
 
-def open_context(
-    pool: CodePool, limits: dict[str, Any], *, rebuild: bool = True, ttl_s: float = DEFAULT_TTL_S
-) -> RemoteContext:
+def open_context(pool: CodePool, limits: dict[str, Any], *, rebuild: bool = True) -> RemoteContext:
     context_id = new_id()
-    host = open_on_a_host(pool, context_id, limits, exclude=set())
+    host, ttl_s = open_on_a_host(pool, context_id, limits, exclude=set())
     context = RemoteContext(pool, context_id, host, limits, rebuild=rebuild, ttl_s=ttl_s)
     context._record()
     return context

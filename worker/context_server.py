@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import Counter
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -38,7 +39,10 @@ _STOP = object()
 class ContextServer:
     """Serves host ``host``'s contexts on ``executor``."""
 
-    def __init__(self, settings: Settings, executor: LocalExecutor, *, host: str) -> None:
+    def __init__(
+        self, settings: Settings, executor: LocalExecutor, *, host: str, ttl_s: float
+    ) -> None:
+        self.ttl_s = ttl_s  # the executor's idle TTL, told to whoever opens a context
         self.conn = redis_client(settings, block_s=BLOCK_S)
         self.keys = settings.keys
         self.executor = executor
@@ -46,6 +50,7 @@ class ContextServer:
         self.contexts: dict[str, Context] = {}
         self._lock = threading.Lock()
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._counts: Counter[str] = Counter()  # counters to add with the next reply
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._read, name="codepool-contexts", daemon=True)
         self._writer = threading.Thread(target=self._write, name="codepool-replies", daemon=True)
@@ -85,6 +90,7 @@ class ContextServer:
                 log.warning("worker %s: context requests: %s", self.host, exc)
                 self._stop.wait(1.0)
                 continue
+            self._sweep()
             if popped is None:
                 continue
             try:
@@ -134,7 +140,8 @@ class ContextServer:
                 return
             with self._lock:
                 self.contexts[request.ctx] = context
-            self._reply(request, ContextReply(ok=True))
+                self._counts["contexts_opened"] += 1
+            self._reply(request, ContextReply(ok=True, ttl_s=self.ttl_s))
 
         opened.add_done_callback(done)
 
@@ -144,10 +151,12 @@ class ContextServer:
         except CodepoolError as exc:
             self._reply(request, ContextReply(ok=False, error=str(exc)))
             return
-        if context.ended is not None:
-            with self._lock:
-                if self.contexts.get(request.ctx) is context:
-                    del self.contexts[request.ctx]
+        with self._lock:
+            self._counts["context_calls"] += 1
+            if context.ended is not None and self.contexts.get(request.ctx) is context:
+                del self.contexts[request.ctx]
+                by_limit = result.status != "rejected"  # else it had ended before
+                self._counts["contexts_ended_limit" if by_limit else "contexts_ended_ttl"] += 1
         self._reply(request, ContextReply(ok=True, result=encode_result(result)))
 
     def _forked(self, request: ContextRequest, future: Future[list[Context]]) -> None:
@@ -158,7 +167,18 @@ class ContextServer:
             return
         with self._lock:
             self.contexts.update(zip(request.new, forks, strict=True))
+            self._counts["contexts_forked"] += len(forks)
         self._reply(request, ContextReply(ok=True))
+
+    def _sweep(self) -> None:
+        """Drop the contexts the engine ended on its own (their idle TTL), counted."""
+        with self._lock:
+            ended = [key for key, ctx in self.contexts.items() if ctx.ended is not None]
+            for key in ended:
+                del self.contexts[key]
+            if ended:
+                self._counts["contexts_ended_ttl"] += len(ended)
+                self._replies.put(None)  # the writer flushes the counts
 
     # -- replies ---------------------------------------------------------------------
 
@@ -167,11 +187,17 @@ class ContextServer:
 
     def _write(self) -> None:
         while (item := self._replies.get()) is not _STOP:
-            key, data = item
+            with self._lock:
+                counts, self._counts = self._counts, Counter()
             try:
                 with self.conn.pipeline(transaction=False) as pipe:
-                    pipe.rpush(key, data)
-                    pipe.expire(key, REPLY_TTL_S)
+                    if item is not None:
+                        key, data = item
+                        pipe.rpush(key, data)
+                        pipe.expire(key, REPLY_TTL_S)
+                    for field, value in counts.items():
+                        pipe.hincrby(self.keys.stats(), field, value)
+                        pipe.hincrby(self.keys.worker_stats(self.host), field, value)
                     pipe.execute()
             except redis.RedisError as exc:
                 log.warning("worker %s: a context reply was lost: %s", self.host, exc)

@@ -144,7 +144,12 @@ class WorkerHost:
             host_window.create(self._window_path, self.dispatcher_count)
             self.lease.start()
             if self.executor.mode == "fork":  # contexts need fork mode
-                self.contexts = ContextServer(self.settings, self.executor, host=self.name)
+                self.contexts = ContextServer(
+                    self.settings,
+                    self.executor,
+                    host=self.name,
+                    ttl_s=self.options.context_ttl_s,
+                )
                 self.contexts.start()
             for slot in range(self.dispatcher_count):
                 if not self.signals:  # a stop asked for while the executor started
@@ -304,6 +309,7 @@ class WorkerHost:
                         "heartbeat": int(now),
                         "slots": self.options.concurrency,
                         "dispatchers": self.dispatcher_count,
+                        "contexts_live": self.contexts.live() if self.contexts else 0,
                         "mode": self.options.mode,
                     },
                 )

@@ -7,6 +7,7 @@ import time
 
 import redis
 
+from codepool.common import counters
 from codepool.common.errors import CodepoolError
 from codepool.common.keys import Keys
 from codepool.common.observation import format_tool_content
@@ -45,6 +46,9 @@ def test_a_context_keeps_its_state_and_its_forks_are_their_own(
             context.close()  # twice is fine
         assert ctx.run_code("print(1)").status == "rejected"
         assert not client.exists(Keys().context(ctx.id))
+        counted = counters.parse(client.hgetall(Keys().stats()))
+        assert counted["contexts_opened"] == 1 and counted["contexts_forked"] == 2
+        assert counted["context_calls"] == 7  # the call after close never left
     client.close()
 
 
@@ -85,6 +89,7 @@ def test_a_context_whose_host_is_lost_is_rebuilt_elsewhere_by_replay(
         rebuilt = ctx.run_code("print(value)")
         assert rebuilt.status == "ok" and rebuilt.stdout == "42\n" and rebuilt.rebuilt, rebuilt
         assert ctx.host == second.name and ctx.rebuilds == 1
+        assert counters.parse(pool.conn.hgetall(Keys().stats()))["contexts_rebuilt"] == 1
         assert time.monotonic() - started < 30
         again = ctx.run_code("print(value + 1)")
         assert again.stdout == "43\n" and not again.rebuilt
@@ -118,3 +123,25 @@ def _opens(pool: CodePool) -> bool:
     except CodepoolError:
         return False
     return True
+
+
+def test_an_idle_context_ends_by_its_ttl_and_leaves_no_key(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker("--context-ttl", "1")
+    pool = CodePool(redis_url)
+    try:
+        ctx = pool.context()
+        assert ctx.ttl_s == 1.0 and ctx.run_code("x = 1").ok
+        key = Keys().context(ctx.id)
+        assert pool.conn.exists(key)
+        wait_until(lambda: not pool.conn.exists(key), timeout_s=20, what="its record expired")
+        ended = ctx.run_code("print(x)")
+        assert ended.status == "rejected" and "ended" in ended.stderr, ended
+        wait_until(
+            lambda: counters.parse(pool.conn.hgetall(Keys().stats()))["contexts_ended_ttl"] == 1,
+            timeout_s=40,
+            what="the TTL end counted",
+        )
+    finally:
+        pool.close()
