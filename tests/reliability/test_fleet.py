@@ -177,3 +177,19 @@ def _serves_everywhere(hosts: Hosts, counted_before: int) -> None:
     assert set(Counter(r.worker for r in results)) == {"h0", "h1", "h2"}
     hosts.wait("counts", lambda: hosts.counted() >= counted_before + n, timeout_s=30)
     assert hosts.counted() == counted_before + n
+
+
+def test_a_context_whose_host_is_killed_is_rebuilt_on_another_with_its_state(
+    hosts: Hosts,
+) -> None:
+    ctx = hosts.pool.context(timeout_s=10.0)
+    victim = int(ctx.host[1:])
+    assert ctx.run_code("import numpy as np\nrows = np.arange(6).reshape(2, 3)").ok
+    assert ctx.run_code("def total():\n    return int(rows.sum())").ok
+    assert ctx.run_code("print(total())").stdout == "15\n"
+    hosts.fleet.kill_host(victim)  # kill -9 of the host's whole process tree
+    rebuilt = ctx.run_code("rows = rows * 2\nprint(total())")
+    assert rebuilt.status == "ok" and rebuilt.stdout == "30\n" and rebuilt.rebuilt, rebuilt
+    assert ctx.host != f"h{victim}" and ctx.rebuilds == 1
+    assert ctx.run_code("print(total())").stdout == "30\n"
+    ctx.close()
