@@ -34,9 +34,9 @@ from codepool.ops.redis_server import RedisServer
 from codepool.producer import RemoteSandbox
 from codepool.worker.engine.executor import LocalExecutor
 
-# About 50 ms of CPU a turn here: a model-written turn that computes something (a
+# About 60 ms of CPU a turn here: a model-written turn that computes something (a
 # sympy solve, a numpy fit) costs that or more; the context saves what replay re-runs.
-TURN_WORK = "sorted((i * 7919) % 10007 for i in range(200000))"
+TURN_WORK = "sorted((i * 7919) % 10007 for i in range(500000))"
 TARGET_TRAJECTORY = 5.0  # at 10 turns
 TARGET_FORK = 2.0
 
