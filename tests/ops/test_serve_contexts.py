@@ -183,15 +183,17 @@ def test_a_bad_body_gets_a_4xx_with_a_reason(
 
 
 def test_a_timeout_ends_the_context_and_then_it_is_409(serve: Serve) -> None:
-    context_id = open_context(serve, {"run_timeout": 30})
+    context_id = open_context(serve, {"run_timeout": 300})
     assert stdout(run(serve, context_id, "x = 5")) == ""
     (kept,) = call(serve, "POST", f"/contexts/{context_id}/fork").json()["context_ids"]
-    # The call's own run_timeout, over the context's 30 s.
+    # The call's own run_timeout, over the context's 300 s (which would outlast the
+    # request's own 60 s).
     timed_out = run(serve, context_id, "while True: pass", run_timeout=1)
     assert (timed_out["status"], timed_out["run_result"]["status"]) == (
         "Failed",
         "TimeLimitExceeded",
     )
+    assert timed_out["run_result"]["execution_time"] < 60, timed_out
     assert timed_out["limit"] == "wall_time" and timed_out["ended"], timed_out
     after = call(serve, "POST", f"/contexts/{context_id}/run", {"code": "print(x)"})
     assert after.status_code == 409 and "the context ended" in after.json()["detail"]
