@@ -58,37 +58,37 @@ class Call:
 
 def run_code_call(body: Any) -> Call:
     """The Call a ``POST /run_code`` body asks for."""
-    fields = _object(body)
-    code = _field(fields, "code", str, required=True)
-    language = _field(fields, "language", str, required=True)
+    fields = json_object(body)
+    code = field_of(fields, "code", str, required=True)
+    language = field_of(fields, "language", str, required=True)
     if language not in LANGUAGES:
         return Call(None, {}, refusal=_unsupported("language", language, LANGUAGES))
     # Nothing compiles: the compile budget is what the request may wait for a slot (0 or
     # less: SandboxFusion's default).
-    compile_s = _field(fields, "compile_timeout", (int, float))
+    compile_s = field_of(fields, "compile_timeout", (int, float))
     if compile_s is None or not math.isfinite(compile_s) or compile_s <= 0:
         compile_s = DEFAULT_COMPILE_TIMEOUT_S
-    limits = {"timeout_s": _seconds(fields, "run_timeout", DEFAULT_RUN_TIMEOUT_S)}
-    limits.update(_memory(fields))
-    stdin = _field(fields, "stdin", str)
+    limits = {"timeout_s": seconds_of(fields, "run_timeout", DEFAULT_RUN_TIMEOUT_S)}
+    limits.update(memory_limits(fields))
+    stdin = field_of(fields, "stdin", str)
     snippet = _snippet(fields, code=code, stdin=stdin)
     return Call(snippet, limits, compile_s=float(compile_s))
 
 
 def run_jupyter_call(body: Any) -> Call:
     """The Call a ``POST /run_jupyter`` body asks for: the cells in one child."""
-    fields = _object(body)
-    cells = _field(fields, "cells", list, required=True)
+    fields = json_object(body)
+    cells = field_of(fields, "cells", list, required=True)
     if not all(isinstance(cell, str) for cell in cells):
         raise BadRequest("cells: every cell must be a string")
-    kernel = _field(fields, "kernel", str) or KERNELS[0]
+    kernel = field_of(fields, "kernel", str) or KERNELS[0]
     if kernel not in KERNELS:
         raise BadRequest(_unsupported("kernel", kernel, KERNELS))
-    cell_timeout = _field(fields, "cell_timeout", (int, float)) or 0
+    cell_timeout = field_of(fields, "cell_timeout", (int, float)) or 0
     if not math.isfinite(cell_timeout) or cell_timeout < 0:
         raise BadRequest("cell_timeout: must be a non-negative number of seconds (0: none)")
-    limits = {"timeout_s": _seconds(fields, "total_timeout", DEFAULT_TOTAL_TIMEOUT_S)}
-    limits.update(_memory(fields))
+    limits = {"timeout_s": seconds_of(fields, "total_timeout", DEFAULT_TOTAL_TIMEOUT_S)}
+    limits.update(memory_limits(fields))
     snippet = _snippet(fields, cells=cells, cell_timeout_s=cell_timeout or None)
     return Call(snippet, limits)
 
@@ -161,13 +161,16 @@ def _unsupported(what: str, value: str, supported: tuple[str, ...]) -> str:
     return f"{what} {value[:40]!r} is not supported by codepool; supported: {', '.join(supported)}"
 
 
-def _object(body: Any) -> dict[str, Any]:
+def json_object(body: Any) -> dict[str, Any]:
+    """``body`` if it is a JSON object; BadRequest otherwise."""
     if not isinstance(body, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
     return body
 
 
-def _field(fields: dict[str, Any], name: str, kind: Any, *, required: bool = False) -> Any:
+def field_of(fields: dict[str, Any], name: str, kind: Any, *, required: bool = False) -> Any:
+    """Field ``name`` of ``fields`` if it is of ``kind`` (a type or a tuple; a bool is
+    never a number), None if absent or null; BadRequest otherwise."""
     value = fields.get(name)
     if value is None:
         if required:
@@ -180,23 +183,25 @@ def _field(fields: dict[str, Any], name: str, kind: Any, *, required: bool = Fal
     return value
 
 
-def _seconds(fields: dict[str, Any], name: str, default: float) -> float:
-    value = _field(fields, name, (int, float))
+def seconds_of(fields: dict[str, Any], name: str, default: float) -> float:
+    """Field ``name`` as a positive, finite number of seconds (``default`` if absent)."""
+    value = field_of(fields, name, (int, float))
     value = default if value is None else float(value)
     if not math.isfinite(value) or value <= 0:
         raise BadRequest(f"{name}: must be a positive number of seconds, got {value!r}")
     return value
 
 
-def _memory(fields: dict[str, Any]) -> dict[str, Any]:
-    megabytes = _field(fields, "memory_limit_MB", (int, float))
+def memory_limits(fields: dict[str, Any]) -> dict[str, Any]:
+    """The Limits override ``memory_limit_MB`` asks for: ``{"memory_mb": M}``, or none."""
+    megabytes = field_of(fields, "memory_limit_MB", (int, float))
     if megabytes is None or megabytes <= 0:  # SandboxFusion's -1: no limit of the request's
         return {}
     return {"memory_mb": max(1, int(megabytes))}
 
 
 def _snippet(fields: dict[str, Any], **given: Any) -> Snippet:
-    files = _field(fields, "files", dict) or {}
+    files = field_of(fields, "files", dict) or {}
     decoded: dict[str, bytes] = {}
     for path, content in files.items():
         if content is None:  # SandboxFusion skips these
@@ -207,7 +212,7 @@ def _snippet(fields: dict[str, Any], **given: Any) -> Snippet:
             decoded[path] = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise BadRequest(f"files[{path!r}]: not base64: {exc}") from None
-    fetch = _field(fields, "fetch_files", list) or []
+    fetch = field_of(fields, "fetch_files", list) or []
     try:
         return Snippet.make(files=decoded, fetch_files=fetch, **given)
     except ConfigError as exc:

@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -38,6 +38,12 @@ from codepool.common.errors import CodepoolError
 from codepool.common.result import ExecResult
 from codepool.ops import sandbox_fusion
 from codepool.ops.admission import Admission, pool_slots, retry_after_s, start_budget_s
+from codepool.ops.context_routes import (
+    DEFAULT_IDLE_S,
+    DEFAULT_MAX_OPEN,
+    OpenContexts,
+    context_routes,
+)
 from codepool.ops.sandbox_fusion import BadRequest, Call
 from codepool.producer.sandbox import RemoteSandbox
 
@@ -54,9 +60,13 @@ TIMEOUT_HEADER = "x-request-timeout"
 # Loop turns a request about to be refused waits for disconnects to be taken first.
 RECHECK_TURNS = 8
 
+T = TypeVar("T")
+
 
 class Service:
-    """The state behind the routes: the sandbox, the token, the bounds."""
+    """The state behind the routes: the sandbox, the token, the bounds, the open
+    interpreter contexts (``max_contexts`` at once; one idle ``context_idle_s`` seconds
+    is forgotten, see ops/context_routes.py)."""
 
     def __init__(
         self,
@@ -65,6 +75,8 @@ class Service:
         token: str | None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_contexts: int = DEFAULT_MAX_OPEN,
+        context_idle_s: float = DEFAULT_IDLE_S,
     ) -> None:
         self.sandbox = sandbox
         self.token = token
@@ -77,6 +89,7 @@ class Service:
         self.admission = Admission()
         self._slots_at = -1e9
         self._slots_task: asyncio.Task[None] | None = None
+        self.contexts = OpenContexts(max_open=max_contexts, idle_s=context_idle_s)
 
     def drain(self) -> None:
         """Take no new call (503); those waiting may still finish."""
@@ -122,7 +135,8 @@ class Service:
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), self.token):
             raise HTTPException(401, "missing or wrong token: send 'Authorization: Bearer <token>'")
 
-    async def body(self, request: Request) -> Any:
+    async def body(self, request: Request, *, optional: bool = False) -> Any:
+        """The request's JSON body (``optional``: an empty body is ``{}``)."""
         size = int(request.headers.get("content-length") or 0)
         if size > self.max_body_bytes:
             raise HTTPException(413, f"body of {size} bytes is over {self.max_body_bytes}")
@@ -132,10 +146,39 @@ class Service:
             if received > self.max_body_bytes:
                 raise HTTPException(413, f"body is over {self.max_body_bytes} bytes")
             chunks.append(chunk)
+        if optional and not any(chunks):
+            return {}
         try:
             return json.loads(b"".join(chunks))
         except (ValueError, UnicodeDecodeError) as exc:
             raise HTTPException(400, f"the body is not JSON: {exc}") from None
+
+    async def hold(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Await ``work()`` as one of the calls this server has in flight (a context's call,
+        say): refused with a 503 while the server stops or beyond ``max_in_flight``, and
+        answered with a 503 when ``give_up`` comes first."""
+        if self.draining:
+            raise HTTPException(503, STOPPING)
+        if self.in_flight >= self.max_in_flight:
+            raise HTTPException(
+                503,
+                f"busy: {self.in_flight} requests in flight; retry later",
+                headers={"Retry-After": "1"},
+            )
+        self.in_flight += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting.add(task)
+        try:
+            return await work()
+        except asyncio.CancelledError:
+            if self._gave_up and task is not None and task.uncancel() == 0:
+                raise HTTPException(503, GAVE_UP) from None
+            raise
+        finally:
+            self.in_flight -= 1
+            if task is not None:
+                self._waiting.discard(task)
 
     async def run(self, call: Call, request: Request) -> ExecResult | None:
         """The call's result; None if its client left first (the call is cancelled)."""
@@ -211,7 +254,7 @@ async def _disconnected(request: Request) -> None:
 
 def build_app(service: Service) -> Starlette:
     """The ASGI app: the two SandboxFusion endpoints, ``/v1/ping`` as SandboxFusion has
-    it, and ``/health``."""
+    it, ``/health``, and the interpreter contexts' ``/contexts`` (ops/context_routes.py)."""
 
     def endpoint(
         parse: Callable[[Any], Call],
@@ -253,6 +296,7 @@ def build_app(service: Service) -> Starlette:
             "in_flight": service.in_flight,
             "slots": service.admission.slots,
             "start_wait_s": round(service.admission.wait_s(), 3),
+            "open_contexts": len(service.contexts),
         }
         return JSONResponse(body, status_code=200 if live else 503)
 
@@ -277,6 +321,7 @@ def build_app(service: Service) -> Starlette:
         ),
         Route("/v1/ping", ping, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        *context_routes(service, service.contexts),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: refuse})
 

@@ -8,7 +8,8 @@ trusted network.
 
 Stopping: the first SIGTERM or SIGINT closes the listener; calls waiting on the pool may
 finish until the drain deadline (less the time the embedded pool takes to stop), then
-get a 503; the pool stops and serve exits 0 within ``--drain-timeout`` seconds.
+get a 503; the interpreter contexts still open are closed; the pool stops and serve
+exits 0 within ``--drain-timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ TOKEN_ENV = "CODEPOOL_SERVE_TOKEN"
 # The line serve prints once it listens (and the pool is ready), and how to read it back.
 LISTENING_LINE = (
     "codepool serve: SandboxFusion API on http://{host}:{port} "
-    "(POST /run_code, POST /run_jupyter, GET /health)"
+    "(POST /run_code, POST /run_jupyter, GET /health, /contexts)"
 )
 LISTENING = re.compile(r"SandboxFusion API on (http://[\d.]+:\d+)")
 
@@ -65,6 +66,21 @@ def register(commands: Commands[argparse.ArgumentParser]) -> None:
     parser.add_argument("--max-in-flight", type=int, default=4096, help="more get 503")
     parser.add_argument(
         "--max-body-mb", type=float, default=64.0, help="larger request bodies get 413"
+    )
+    parser.add_argument(
+        "--max-contexts",
+        type=int,
+        default=4096,
+        help="interpreter contexts open through this server at once; more get 503",
+    )
+    parser.add_argument(
+        "--context-idle",
+        dest="context_idle_s",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="forget a context nobody used for S seconds (default 300: the workers' "
+        "default --context-ttl, after which its host has ended it)",
     )
     add_drain_argument(
         parser,
@@ -142,7 +158,12 @@ def serve_command(args: argparse.Namespace) -> int:
                 token=token,
                 max_body_bytes=int(args.max_body_mb * (1 << 20)),
                 max_in_flight=args.max_in_flight,
+                max_contexts=args.max_contexts,
+                context_idle_s=args.context_idle_s,
             )
+            # Before the sandbox closes (the stack unwinds in reverse): the contexts
+            # still open are closed on their hosts, not left to their TTL.
+            stack.callback(service.contexts.close_all)
             service.refresh_slots()
             host, port = listener.getsockname()[:2]
             print(LISTENING_LINE.format(host=host, port=port), flush=True)
