@@ -1,4 +1,5 @@
-"""The ``codepool`` command: each subcommand registers itself and names its handler."""
+"""The ``codepool`` command line (each subcommand's module registers it and names its
+handler)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,12 @@ SUBCOMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="codepool", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="codepool",
+        description="codepool: runs model-written Python for RL rollouts in isolated, "
+        "resource-limited sandboxes, on one host or a fleet fed through Redis.",
+        epilog="`codepool COMMAND --help` for each command; the README has the details.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:

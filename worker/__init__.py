@@ -1,4 +1,5 @@
-"""The host executor (zygote, limits, isolation) and, later, the RQ worker.
+"""The worker side: the host executor (worker/engine: supervisor, zygotes, limits,
+isolation), the worker host and its RQ dispatchers, leases and result writers.
 
 Imports are lazy so the spawn-mode runner (``-m codepool.worker.engine.snippet``) starts
 without loading the executor's machinery.

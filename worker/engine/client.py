@@ -3,7 +3,7 @@
 Both the executor that owns a zygote (LocalExecutor) and the RQ dispatchers that share
 one on the same host (AttachedExecutor) are clients. Any number of threads may call
 ``submit``/``run``/``run_many`` at once. If the connection is lost, the client gets a new
-one (the owner restarts the zygote; an attached client reconnects) and re-sends what was
+one (the owner restarts the supervisor; an attached client reconnects) and re-sends what was
 in flight once; a snippet lost twice comes back with ``status="infra"``. ``cancel``
 gives up on a snippet: the supervisor drops it if it waits and kills it if it runs.
 """
@@ -52,7 +52,7 @@ class _Pending:
 
 
 class SupervisorClient:
-    """The client side of the zygote protocol; subclasses say how to connect."""
+    """The client side of the supervisor's protocol; subclasses say how to connect."""
 
     def __init__(
         self, *, limits: Limits | None, max_limits: Limits | None, name: str | None
@@ -71,7 +71,7 @@ class SupervisorClient:
         self._reconnecting = False
         self.report: list[dict[str, Any]] = []
         self.supervisor_pid = 0  # serves requests; every snippet is its child
-        self.zygote_pids: list[int] = []  # the zygotes that clone them: heavy, then light
+        self.zygote_pids: list[int] = []  # the zygotes that clone them (routing.KINDS)
         self.concurrency = 0
         self.snippet_uids: range = range(0)  # uids snippets run as (empty: worker's own)
         self.restarts = 0
@@ -176,7 +176,7 @@ class SupervisorClient:
                 with self._send_lock:
                     sock.sendall(frame)
             except OSError:
-                pass  # the reader sees the zygote die; a cancelled request is not re-sent
+                pass  # the reader sees the supervisor die; a cancelled request is not re-sent
         return len(found)
 
     # -- interpreter contexts ----------------------------------------------------------
@@ -353,10 +353,10 @@ class SupervisorClient:
             hello = recv_one(sock, FrameReader())
         except (OSError, ValueError) as exc:
             sock.close()
-            raise ExecutorError(f"no hello from the zygote: {exc}") from exc
+            raise ExecutorError(f"no hello from the supervisor: {exc}") from exc
         if hello is None or hello.get("t") != "hello":
             sock.close()
-            raise ExecutorError("the zygote closed the connection before saying hello")
+            raise ExecutorError("the supervisor closed the connection before saying hello")
         sock.settimeout(None)
         self.report = list(hello["report"])
         self.supervisor_pid = int(hello["pid"])
@@ -397,7 +397,7 @@ class SupervisorClient:
                 data = sock.recv(1 << 20)
                 messages = reader.feed(data) if data else None
             except (OSError, ValueError) as exc:
-                log.error("lost the zygote connection: %s", exc)
+                log.error("lost the supervisor connection: %s", exc)
                 messages = None
             if messages is None:
                 break
@@ -426,7 +426,7 @@ class SupervisorClient:
         except ExecutorError as exc:
             with self._lock:
                 self._reconnecting = False
-            self._fail_all(f"codepool: could not get the zygote back: {exc}")
+            self._fail_all(f"codepool: could not get the supervisor back: {exc}")
 
     def _send(
         self, sock: socket.socket, generation: int, request_id: int, pending: _Pending
@@ -444,7 +444,7 @@ class SupervisorClient:
             with self._send_lock:
                 sock.sendall(frame)
         except OSError:
-            pass  # the reader sees the zygote die and re-sends or fails this request
+            pass  # the reader sees the supervisor die and re-sends or fails this request
 
     def _on_result(self, request_id: int, record: dict[str, Any]) -> None:
         with self._lock:
@@ -484,8 +484,8 @@ class SupervisorClient:
 class AttachedExecutor(SupervisorClient):
     """A client of a zygote another process owns (``codepool worker``'s dispatchers).
 
-    path: the zygote's Unix socket. reconnect_timeout_s: how long to keep trying when
-    the zygote is being restarted by its owner.
+    path: the supervisor's Unix socket. reconnect_timeout_s: how long to keep trying when
+    the supervisor is being restarted by its owner.
     """
 
     def __init__(

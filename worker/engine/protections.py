@@ -19,7 +19,8 @@ def note_per_snippet(state: IsolationState) -> None:
     state.note(
         "capabilities",
         True,
-        "none: every capability dropped (bounding, ambient, effective) before user code"
+        "none effective, permitted, inheritable or ambient before user code, and "
+        "no_new_privs: no exec can grant one"
         + (", and no uid 0 inside the user namespace" if state.userns else ""),
     )
     if state.pidns:
@@ -64,7 +65,12 @@ def note_per_snippet(state: IsolationState) -> None:
             "the snippets starting beside it, never the worker",
         )
     state.note("environment", True, "allow-list only")
-    state.note("file descriptors", True, "all closed but stdio")
+    state.note(
+        "file descriptors",
+        True,
+        "all closed but stdio and the pipe its end is told on (fd 4; notebook cells "
+        "add their record fd, 5)",
+    )
 
 
 def note_shared_memory(state: IsolationState, *, landlock: bool) -> None:

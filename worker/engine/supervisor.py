@@ -1,14 +1,16 @@
 """The supervisor: serves run requests, keeps deadlines, reaps children, sends results.
 
-The executor starts it; it starts the zygote (worker/zygote.py) and asks it, over a
-SEQPACKET socket, to clone children with ``CLONE_PARENT``: each child is the
-supervisor's own, so the supervisor waits for it (wait4, rusage for free) and kills it.
-This keeps the bookkeeping out of the big preloaded process: a fork shares every page
-of the zygote with the child, and every page the zygote then writes is copied again, so
-the zygote does nothing but clone. At most ``concurrency`` snippets run at once; one
-more child is always cloned and waiting so a request does not pay for the fork.
+The executor starts it; it starts the zygotes (worker/engine/zygote.py; which one a
+snippet goes to, bare, light, mid or heavy, is routing.py's) and asks them, over
+SEQPACKET sockets, to clone children with ``CLONE_PARENT``: each child is the
+supervisor's own, so the supervisor waits for it (wait4, rusage for free) and kills it. This keeps the bookkeeping out of the big
+preloaded processes: a fork shares every page of a zygote with the child, and every
+page the zygote then writes is copied again, so a zygote does nothing but clone. At
+most ``concurrency`` snippets run at once; one more child is always cloned and waiting
+so a request does not pay for the fork.
 
-Run as ``python -P -B -m codepool.worker.engine.supervisor CONFIG_JSON``.
+Run by the executor as ``python -P -B -m codepool.worker.engine.supervisor``, its
+config (JSON) on stdin.
 """
 
 from __future__ import annotations

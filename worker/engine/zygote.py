@@ -1,13 +1,16 @@
 """The zygote: preloads modules once, enters the isolation namespaces, and clones.
 
 It never runs user code and does nothing per snippet but one clone: the supervisor
-sends the child's three file descriptors (request socket, stdout and stderr files)
-with its uid, the zygote clones a child into fresh PID, mount and IPC namespaces with
-``CLONE_PARENT`` (so the supervisor is its parent) and answers with the pid. Keeping the
-loop this small matters: after each fork the zygote shares its pages with the child, and
-every page it then writes must be copied again. Single-threaded by construction.
+sends the child's four file descriptors (request socket, stdout and stderr files, the
+write end of its done pipe) with its uid, the zygote clones a child into fresh PID,
+mount and IPC namespaces with ``CLONE_PARENT`` (so the supervisor is its parent) and
+answers with the pid. Keeping the loop this small matters: after each fork the zygote
+shares its pages with the child, and every page it then writes must be copied again.
+Single-threaded by construction.
 
-Run by the supervisor as ``python -P -B -m codepool.worker.engine.zygote CONFIG_JSON``.
+Run by the supervisor as ``python -B -c`` ZYGOTE_BOOT (supervisor.py: as the reference
+runs snippets, so its children's sys.flags are the reference's), its config (JSON) on
+stdin.
 """
 
 from __future__ import annotations
