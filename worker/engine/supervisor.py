@@ -3,11 +3,11 @@
 The executor starts it; it starts the zygotes (worker/engine/zygote.py; which one a
 snippet goes to, bare, light, mid or heavy, is routing.py's) and asks them, over
 SEQPACKET sockets, to clone children with ``CLONE_PARENT``: each child is the
-supervisor's own, so the supervisor waits for it (wait4, rusage for free) and kills it. This keeps the bookkeeping out of the big
-preloaded processes: a fork shares every page of a zygote with the child, and every
-page the zygote then writes is copied again, so a zygote does nothing but clone. At
-most ``concurrency`` snippets run at once; one more child is always cloned and waiting
-so a request does not pay for the fork.
+supervisor's own, so the supervisor waits for it (wait4, rusage for free) and kills it.
+This keeps the bookkeeping out of the big preloaded processes: a fork shares every page
+of a zygote with the child, and every page the zygote then writes is copied again, so a
+zygote does nothing but clone. At most ``concurrency`` snippets run at once; one more
+child is always cloned and waiting so a request does not pay for the fork.
 
 Run by the executor as ``python -P -B -m codepool.worker.engine.supervisor``, its
 config (JSON) on stdin.
