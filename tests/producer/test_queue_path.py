@@ -55,14 +55,13 @@ def test_two_workers_share_the_batch_stream(redis_url: str, start_worker: StartW
 def test_a_straggler_does_not_delay_the_others(redis_url: str, start_worker: StartWorker) -> None:
     start_worker(concurrency=2)
     pool = CodePool(redis_url)
-    started = time.monotonic()
     slow_batch = pool.submit(["import time\ntime.sleep(3)\nprint('slow')"] + ["print(1)"] * 10)
     other = pool.submit(["print(2)"] * 10)
     assert all(r.stdout == "2\n" for r in other.results(timeout_s=30))
-    assert time.monotonic() - started < 2.5
+    # The other batch was done while the straggler still ran: it has no result yet.
+    assert not pool.conn.hexists(pool.keys.batch_results(slow_batch.id), 0)
     order = [index for index, _ in slow_batch.as_completed(timeout_s=30)]
     assert order[-1] == 0, "the 3 s snippet finished before the fast ones"
-    assert time.monotonic() - started >= 3.0
 
 
 def test_a_long_first_snippet_keeps_no_batch_off_the_host(
@@ -75,10 +74,10 @@ def test_a_long_first_snippet_keeps_no_batch_off_the_host(
     pool = CodePool(redis_url)
     slow = pool.submit(["import time\ntime.sleep(3)\nprint('slow')"])
     wait_until(lambda: sleeping_below(worker.process.pid) > 0, what="the slow snippet to start")
-    started = time.monotonic()
     quick = pool.submit(["print('quick')"])
     assert quick.results(timeout_s=30)[0].stdout == "quick\n"
-    assert time.monotonic() - started < 1.5
+    # The quick one was answered while the slow one still ran.
+    assert not pool.conn.hexists(pool.keys.batch_results(slow.id), 0)
     assert slow.results(timeout_s=30)[0].stdout == "slow\n"
 
 

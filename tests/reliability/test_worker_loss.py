@@ -8,12 +8,11 @@ import glob
 import os
 import signal
 import tempfile
-import time
 
 from codepool.ops.processes import descendants, worker_role
 from codepool.producer import CodePool
 from codepool.worker.host import HOST_DIR_PREFIX
-from tests.conftest import StartWorker, WorkerProcess
+from tests.conftest import StartWorker, WorkerProcess, wait_until
 
 
 def _kill_host(worker: WorkerProcess) -> None:
@@ -55,9 +54,7 @@ def test_batch_survives_its_worker_host_being_killed(
     assert {r.worker for r in results} == {"doomed", "survivor"}
     # Counted exactly once each: what the killed host wrote was counted with its write,
     # and the reruns of what it had not finished add only their own first writes.
-    deadline = time.monotonic() + 30
-    while pool.counters().get("calls", 0) < n and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: pool.counters().get("calls", 0) >= n, timeout_s=30, what="all counted")
     assert pool.counters()["calls"] == n
 
 
@@ -67,14 +64,18 @@ def _dispatcher_running(url: str, batch_id: str) -> int:
     from rq import Worker
 
     client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    found: list[int] = []
+
+    def picked() -> bool:
         for worker in Worker.all(connection=client):
             job_id = worker.get_current_job_id() or ""
             if job_id.startswith(batch_id) and worker.pid:
-                return int(worker.pid)
-        time.sleep(0.05)
-    raise AssertionError("no dispatcher picked the batch up")
+                found.append(int(worker.pid))
+                return True
+        return False
+
+    wait_until(picked, what="a dispatcher to pick the batch up")
+    return found[0]
 
 
 def test_batch_survives_a_lone_dispatcher_kill(redis_url: str, start_worker: StartWorker) -> None:
