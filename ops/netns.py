@@ -26,9 +26,9 @@ from types import TracebackType
 import redis
 
 from codepool.common.errors import CodepoolError, ConfigError
+from codepool.common.reaping import wait_or_kill
 from codepool.ops.processes import descendants
 from codepool.ops.server_binary import find_server_binary
-from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 

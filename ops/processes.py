@@ -9,6 +9,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from codepool.common.process_start import start_ticks
+
 
 @dataclass(frozen=True)
 class ProcessInfo:
@@ -55,16 +57,6 @@ def descendants(pid: int) -> list[int]:
         found += children
         frontier += children
     return found
-
-
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks after boot: with the pid it names one process
-    even once the pid is reused. None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def tree(pid: int) -> dict[int, int]:

@@ -25,9 +25,9 @@ import pytest
 import requests
 
 from codepool.common.settings import DEFAULT_DRAIN_S
+from codepool.common.socket_dirs import socket_bases
 from codepool.ops.embedded import HOME_PREFIX, sweep_leftovers
 from codepool.ops.processes import processes, still_running, tree
-from codepool.worker.engine.leftovers import socket_bases
 from codepool.worker.host import HOST_DIR_PREFIX
 from tests.conftest import wait_until
 from tests.ops.test_serve import Serve, health, start_serve
