@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from codepool.ops.processes import processes
 from codepool.ops.replay_command import SHOWN_PROBLEMS, print_problems, summary_table
 from codepool.ops.server_binary import ENV_VAR, wheel_binary
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
 from tests.conftest import StartWorker, wait_until
+from tests.processes import processes
 
 OPENAI_LINE = {
     "id": "oa",
