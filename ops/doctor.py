@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.host_cpus import host_cpus
+from codepool.ops.check_lines import format_lines
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
 
@@ -123,17 +124,6 @@ def diagnose(
                     seen = "a datagram reached the host"
                 lines.append({"name": name, "active": seen == expected, "detail": seen})
     return lines
-
-
-def format_lines(lines: list[dict[str, Any]], cannot: Collection[str] = ()) -> str:
-    width = max(len(str(line["name"])) for line in lines)
-
-    def mark(line: dict[str, Any]) -> str:
-        return "ok" if line["active"] else "--" if line["name"] in cannot else "!!"
-
-    return "\n".join(
-        f"[{mark(line)}] {str(line['name']).ljust(width)}  {line['detail']}" for line in lines
-    )
 
 
 def environment(lines: list[dict[str, Any]], *, root: bool) -> tuple[str, set[str]]:

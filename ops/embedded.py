@@ -23,11 +23,11 @@ import redis
 from rq import Worker
 
 from codepool.common.errors import ConfigError
+from codepool.common.process_start import start_ticks
+from codepool.common.reaping import wait_or_kill
+from codepool.common.socket_dirs import socket_bases
 from codepool.ops.parent_death import die_with_parent
-from codepool.ops.processes import start_ticks
 from codepool.ops.redis_server import RedisServer
-from codepool.worker.engine.leftovers import socket_bases
-from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 

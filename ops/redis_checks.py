@@ -25,7 +25,7 @@ from codepool.common.errors import ConfigError
 from codepool.common.failover import sentinel_of
 from codepool.common.redis_url import is_sentinel_url, parse_sentinel_url, redact
 from codepool.common.settings import Settings
-from codepool.ops.doctor import format_lines
+from codepool.ops.check_lines import format_lines
 
 Line = dict[str, Any]
 

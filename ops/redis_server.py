@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import redis
 
 from codepool.common.errors import ConfigError
+from codepool.common.reaping import wait_or_kill
+from codepool.common.socket_dirs import socket_bases
 from codepool.ops.parent_death import die_with_parent
 from codepool.ops.server_binary import ServerBinary, find_server_binary
-from codepool.worker.engine.leftovers import socket_bases
-from codepool.worker.engine.reaping import wait_or_kill
 
 
 def free_port() -> int:

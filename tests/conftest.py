@@ -21,12 +21,13 @@ import codepool.common
 import codepool.ops
 import codepool.worker
 from codepool.common.errors import ConfigError
-from codepool.ops.processes import descendants, exiting, processes
+from codepool.common.reaping import wait_or_kill
+from codepool.ops.bench.process_tree import descendants
 from codepool.ops.redis_server import RedisServer
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
 from codepool.worker.engine.config import FALLBACK_PREFIX
-from codepool.worker.engine.reaping import wait_or_kill
+from tests.processes import exiting, processes
 
 VOLATILE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 

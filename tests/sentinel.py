@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import redis
 
+from codepool.common.reaping import wait_or_kill
 from codepool.ops.redis_server import RedisServer, free_port
 from codepool.ops.server_binary import find_server_binary
-from codepool.worker.engine.reaping import wait_or_kill
 
 SERVICE = "mymaster"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from codepool.ops.processes import processes
 from tests.conftest import files_of, wait_until
+from tests.processes import processes
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"

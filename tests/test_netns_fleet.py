@@ -1,4 +1,4 @@
-"""codepool.ops.netns: a hub namespace running redis-server and host namespaces on veths,
+"""codepool.ops.bench.netns: a hub namespace running redis-server and host namespaces on veths,
 reachable, cuttable, signalable, and gone without a trace afterwards."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from codepool.ops.netns import Fleet, NetnsError, netns_available
+from codepool.ops.bench.netns import Fleet, NetnsError, netns_available
 from tests.conftest import wait_until
 
 # Dials Redis from inside a host namespace and SETs a key: exit 0 only if that worked.

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import defaultdict
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
@@ -44,15 +44,27 @@ from codepool.common.tally import write_calls
 from codepool.worker.lease import DispatcherLease
 from codepool.worker.recent_writes import RecentWrites
 
-if TYPE_CHECKING:
-    from codepool.worker.job import BatchExecution
-
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 512
 RETRY_FOR_S = 60.0
 
-_Item = tuple["BatchExecution", int, ExecResult]
+
+class ResultSource(Protocol):
+    """What the writer needs of a batch's execution (job.BatchExecution, which imports
+    this module): where its results go, and the counts it keeps as they are taken."""
+
+    batch_id: str
+    run: str
+
+    def last_expected(self) -> bool: ...
+    def expecting(self) -> bool: ...
+    def taken(self, count: int) -> None: ...
+    def written(self, count: int) -> None: ...
+    def failed(self, exc: BaseException) -> None: ...
+
+
+_Item = tuple[ResultSource, int, ExecResult]
 
 
 class _Signal(Enum):
@@ -60,7 +72,7 @@ class _Signal(Enum):
     CLOSE = "close"  # write what is held and stop
 
 
-_Groups = dict["BatchExecution", list[tuple[int, ExecResult]]]
+_Groups = dict[ResultSource, list[tuple[int, ExecResult]]]
 
 
 class ResultWriter:
@@ -103,11 +115,11 @@ class ResultWriter:
         self._thread = threading.Thread(target=self._loop, name="codepool-writer", daemon=True)
         self._thread.start()
 
-    def put(self, execution: BatchExecution, index: int, result: ExecResult) -> None:
+    def put(self, execution: ResultSource, index: int, result: ExecResult) -> None:
         if not (execution.last_expected() and self._write_here(execution, index, result)):
             self._queue.put((execution, index, result))
 
-    def _write_here(self, execution: BatchExecution, index: int, result: ExecResult) -> bool:
+    def _write_here(self, execution: ResultSource, index: int, result: ExecResult) -> bool:
         """Write a result nothing else would join (its batch expects no other from this
         dispatcher) on the calling thread, the executor client's: one thread hand-off
         less between a lone call and its answer. One attempt, and only with the lease
@@ -149,7 +161,7 @@ class ResultWriter:
             item = self._queue.get(timeout=None if timeout_s is None else max(0.0, timeout_s))
         except queue.Empty:
             return False
-        taken: defaultdict[BatchExecution, int] = defaultdict(int)
+        taken: defaultdict[ResultSource, int] = defaultdict(int)
         closing = False
         size = sum(len(results) for results in held.values())
         while True:

@@ -33,7 +33,7 @@ from codepool.common import counters
 from codepool.common.keys import Keys
 from codepool.common.ledger import leased_dispatchers
 from codepool.common.settings import Settings
-from codepool.ops.netns import Fleet, netns_available
+from codepool.ops.bench.netns import Fleet, netns_available
 from codepool.producer import CodePool, RemoteSandbox
 
 TARGET_RATIO = 1.3

@@ -23,7 +23,7 @@ from collections import Counter
 import redis
 
 from codepool.common.settings import Settings
-from codepool.ops.processes import descendants, worker_role
+from codepool.ops.bench.process_tree import descendants, worker_role
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
 

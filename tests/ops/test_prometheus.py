@@ -27,9 +27,9 @@ import redis
 
 from codepool.common import counters
 from codepool.common.keys import Keys
+from codepool.common.reaping import wait_or_kill
 from codepool.ops.redis_server import free_port
 from codepool.producer import CodePool
-from codepool.worker.engine.reaping import wait_or_kill
 from tests.conftest import StartWorker, wait_until
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "ops" / "deploy" / "grafana-dashboard.json"

@@ -25,13 +25,14 @@ from sandbox_fusion import RunCodeRequest, RunJupyterRequest, run_code, run_jupy
 
 from codepool.common import counters
 from codepool.common.keys import Keys
+from codepool.common.reaping import wait_or_kill
 from codepool.common.result import infra, rejected
 from codepool.ops import sandbox_fusion as protocol
-from codepool.ops.processes import descendants, processes
+from codepool.ops.bench.process_tree import descendants
 from codepool.ops.serve_command import LISTENING
 from codepool.ops.server_binary import find_server_binary
-from codepool.worker.engine.reaping import wait_or_kill
 from tests.conftest import StartWorker, sleeping_below, wait_until
+from tests.processes import processes
 
 
 @dataclass

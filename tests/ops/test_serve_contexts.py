@@ -16,7 +16,7 @@ import requests
 from sandbox_fusion import RunCodeResponse
 
 from codepool.common.keys import Keys
-from codepool.worker.engine.reaping import wait_or_kill
+from codepool.common.reaping import wait_or_kill
 from tests.conftest import StartWorker, wait_until
 from tests.ops.test_serve import Serve, start_serve
 

@@ -25,12 +25,12 @@ import pytest
 import requests
 
 from codepool.common.settings import DEFAULT_DRAIN_S
+from codepool.common.socket_dirs import socket_bases
 from codepool.ops.embedded import HOME_PREFIX, sweep_leftovers
-from codepool.ops.processes import processes, still_running, tree
-from codepool.worker.engine.leftovers import socket_bases
 from codepool.worker.host import HOST_DIR_PREFIX
 from tests.conftest import wait_until
 from tests.ops.test_serve import Serve, health, start_serve
+from tests.processes import processes, still_running, tree
 
 BACKLOG = 20  # requests of `while True: pass`, 10 s each, on 2 slots: 100 s of work
 MARGIN_S = 10.0  # beyond the drain deadline, for a loaded machine

@@ -23,7 +23,7 @@ from codepool.common import codec
 from codepool.common.cancellation import CLOSED_MESSAGE, PRODUCER_LOST_MESSAGE
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.settings import Settings
-from codepool.ops.processes import descendants
+from codepool.ops.bench.process_tree import descendants
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool, RemoteSandbox
 from tests.conftest import StartWorker, sleeping_below, wait_until

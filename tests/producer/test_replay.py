@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from codepool.ops.processes import processes
 from codepool.ops.replay_command import SHOWN_PROBLEMS, print_problems, summary_table
 from codepool.ops.server_binary import ENV_VAR, wheel_binary
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollouts import Call, RolloutError, calls_in_line
 from tests.conftest import StartWorker, wait_until
+from tests.processes import processes
 
 OPENAI_LINE = {
     "id": "oa",
@@ -135,7 +135,7 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     mark = f"CODEPOOL_TEST_REPLAY={os.getpid()}-{id(env)}"
     env[mark.split("=")[0]] = mark.split("=")[1]
     # Its own temp dir, so what another suite on this machine makes in /tmp is not ours
-    # (short: longer TMPDIRs send socket dirs to /tmp, see leftovers.socket_bases).
+    # (short: longer TMPDIRs send socket dirs to /tmp, see common/socket_dirs.py).
     private_tmp = tempfile.mkdtemp(prefix="cp-replay-")
     env["TMPDIR"] = private_tmp
     proc = subprocess.Popen(

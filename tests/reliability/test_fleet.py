@@ -21,7 +21,7 @@ from codepool.common.codec import MsgpackSerializer
 from codepool.common.keys import Keys
 from codepool.common.ledger import leased_dispatchers
 from codepool.common.settings import Settings
-from codepool.ops.netns import Fleet, netns_available
+from codepool.ops.bench.netns import Fleet, netns_available
 from codepool.producer import CodePool
 
 pytestmark = pytest.mark.skipif(netns_available() is not None, reason=str(netns_available()))

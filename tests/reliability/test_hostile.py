@@ -8,7 +8,7 @@ import time
 from urllib.parse import urlparse
 
 from codepool.common.result import ExecResult
-from codepool.ops.processes import descendants
+from codepool.ops.bench.process_tree import descendants
 from codepool.producer import CodePool
 from tests.conftest import ROOT, StartWorker
 from tests.hostile import HOSTILE, check

@@ -9,7 +9,7 @@ import os
 import signal
 import tempfile
 
-from codepool.ops.processes import descendants, worker_role
+from codepool.ops.bench.process_tree import descendants, worker_role
 from codepool.producer import CodePool
 from codepool.worker.host import HOST_DIR_PREFIX
 from tests.conftest import StartWorker, WorkerProcess, wait_until

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from codepool.common import format_tool_content
-from codepool.ops.processes import descendants
+from codepool.ops.bench.process_tree import descendants
 from codepool.worker import LocalExecutor
 from tests.conftest import assert_nothing_left, needs_root, processes_of, wait_until
 

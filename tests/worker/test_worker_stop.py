@@ -17,7 +17,6 @@ import pytest
 import redis
 
 from codepool.common.settings import DEFAULT_DRAIN_S, Settings
-from codepool.ops.processes import still_running, tree
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
 from tests.conftest import (
@@ -27,6 +26,7 @@ from tests.conftest import (
     wait_for_dispatchers,
     wait_until,
 )
+from tests.processes import still_running, tree
 
 MARGIN_S = 10.0  # beyond the drain deadline, for a loaded machine
 

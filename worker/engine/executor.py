@@ -20,9 +20,9 @@ from typing import Any
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
+from codepool.common.reaping import wait_or_kill
 from codepool.worker.engine.client import SupervisorClient
 from codepool.worker.engine.config import ZygoteConfig, send_config
-from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,9 @@ from codepool.worker.engine import linux, protections
 VOLATILE_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
 WORKDIR = "/tmp/work"
 _SKIP_READONLY = ("/proc", "/sys", "/dev")
+# codepool.worker's folder (this package's parent), found from here rather than by
+# importing the package this one lives in.
+_WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -58,7 +61,6 @@ class IsolationState:
 def needed_paths() -> list[str]:
     """Paths the sandboxed interpreter must be able to read: prefixes, sys.path, codepool."""
     import codepool.common
-    import codepool.worker
 
     candidates = [
         sys.prefix,
@@ -68,7 +70,7 @@ def needed_paths() -> list[str]:
         *(os.path.dirname(hop) for hop in symlink_hops(sys.executable)),
         *sys.path,
         *codepool.common.__path__,
-        *codepool.worker.__path__,
+        _WORKER_DIR,
     ]
     paths: list[str] = []
     for path in candidates:

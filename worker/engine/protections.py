@@ -3,13 +3,21 @@ doctor's wording, kept apart from the mount and namespace mechanics in isolation
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from codepool.worker.engine.isolation import IsolationState
+from typing import Protocol
 
 
-def note_per_snippet(state: IsolationState) -> None:
+class IsolationReport(Protocol):
+    """What these lines are drawn from and added to: isolation.IsolationState (which
+    imports this module), as the zygote left it."""
+
+    userns: bool
+    pidns: bool
+    separate_uid: bool
+
+    def note(self, name: str, active: bool, detail: str) -> None: ...
+
+
+def note_per_snippet(state: IsolationReport) -> None:
     """Add the per-snippet protection lines (uid, capabilities, processes, limits, ...)
     that follow from what ``state`` holds."""
     if state.separate_uid:
@@ -73,7 +81,7 @@ def note_per_snippet(state: IsolationState) -> None:
     )
 
 
-def note_shared_memory(state: IsolationState, *, landlock: bool) -> None:
+def note_shared_memory(state: IsolationReport, *, landlock: bool) -> None:
     """Without a PID namespace (so without a /dev/shm of its own): what keeps a snippet's
     POSIX semaphores and shared memory, in the host's /dev/shm, from the others' (shm.py)."""
     if state.pidns:

@@ -32,6 +32,7 @@ from typing import Any
 from codepool.common import codec
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
+from codepool.common.reaping import wait_or_kill
 from codepool.common.result import cancelled, infra, rejected
 from codepool.common.snippet import Snippet
 from codepool.worker.engine import (
@@ -54,7 +55,6 @@ from codepool.worker.engine.protocol import (
     FrameReader,
     encode_frame,
 )
-from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger("codepool.worker.engine.supervisor")
 

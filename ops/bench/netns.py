@@ -1,6 +1,7 @@
 """Several worker hosts on one machine, each in a network namespace of its own, wired to one
 private redis-server over veth pairs: so a test or a benchmark can kill, freeze or cut the
 link of one host while the others go on, as on a real cluster.
+It ships with the benches for ops/bench/fleet.py (root only); the tests borrow it.
 
 A hub namespace runs redis-server; host i is joined to it by a veth pair on 10.250.i.0/30
 (hub end .1, host end .2). The addresses exist only inside namespaces a `Fleet` created and
@@ -26,9 +27,9 @@ from types import TracebackType
 import redis
 
 from codepool.common.errors import CodepoolError, ConfigError
-from codepool.ops.processes import descendants
+from codepool.common.reaping import wait_or_kill
+from codepool.ops.bench.process_tree import descendants
 from codepool.ops.server_binary import find_server_binary
-from codepool.worker.engine.reaping import wait_or_kill
 
 log = logging.getLogger(__name__)
 

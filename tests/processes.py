@@ -1,4 +1,5 @@
-"""Looking at a worker host's process tree from outside (benchmarks, tests, operators).
+"""Looking at a worker host's process tree from outside, for the tests (the benches'
+few needs are codepool.ops.bench.process_tree).
 
 Plain /proc reads, not psutil: the few facts needed (owner, parent, command line,
 environment) are one read each, and psutil would be a dependency for that alone."""
@@ -8,6 +9,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from codepool.common.process_start import start_ticks
+from codepool.ops.bench.process_tree import descendants
 
 
 @dataclass(frozen=True)
@@ -42,31 +46,6 @@ def processes() -> Iterator[ProcessInfo]:
         yield ProcessInfo(int(entry), uid, ppid, cmdline)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``."""
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                children = [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-        found += children
-        frontier += children
-    return found
-
-
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks after boot: with the pid it names one process
-    even once the pid is reused. None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def tree(pid: int) -> dict[int, int]:
     """``pid`` and every live process below it, each with its start ticks: taken before
     a kill, since the tree is reparented once its root dies."""
@@ -98,27 +77,3 @@ def exiting(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_EXITING)
-
-
-def worker_role(pid: int) -> str | None:
-    """``dispatcher``, ``supervisor`` or ``zygote`` for those processes of a worker host;
-    None for anything else, snippets included (they share the zygote's command line but
-    live in PID namespaces of their own: two NSpid entries)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().decode(errors="replace")
-        with open(f"/proc/{pid}/status") as f:
-            nspid = next(line for line in f if line.startswith("NSpid:")).split()[1:]
-    except (OSError, StopIteration):
-        return None
-    if len(nspid) > 1:
-        return None
-    for name, marks in (
-        ("dispatcher", ("codepool.worker.dispatcher",)),
-        ("supervisor", ("codepool.worker.engine.supervisor",)),
-        # Zygotes start as ``python -B -c`` (supervisor.ZYGOTE_BOOT, bare.BOOT).
-        ("zygote", ("codepool.worker.engine import zygote", "codepool.worker.engine import bare")),
-    ):
-        if any(mark in cmdline for mark in marks):
-            return name
-    return None
