@@ -52,13 +52,14 @@ from codepool.ops.bench.e2e import calls_between, redis_calls, redis_cpu_s
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
 from codepool.worker import host_window
-from codepool.worker.dispatcher import DEQUEUE_TIMEOUT_S, KEEPALIVE_S, WORKER_TTL_S
+from codepool.worker.dispatcher import KEEPALIVE_S
 from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host import HEARTBEAT_EVERY_S
 from codepool.worker.host_window import HostWindow
-from codepool.worker.job import BatchRunner, CodepoolJob
+from codepool.worker.job import BatchRunner
 from codepool.worker.lease import DispatcherLease, HostLease
 from codepool.worker.lease_board import LeaseBoard
+from codepool.worker.rq_worker import DEQUEUE_TIMEOUT_S, WORKER_TTL_S, CodepoolJob
 from codepool.worker.writer import ResultWriter
 
 TARGET_IDLE_CORE = 0.10
