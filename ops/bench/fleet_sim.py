@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from rq import Queue, Worker
+from rq import Queue
 from rq.exceptions import DequeueTimeout
 
+from codepool.common import rq_records
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.limits import Limits
 from codepool.common.queueing import announced_batch, announcements_for
@@ -234,10 +235,10 @@ class Fleet:
 
 def _rq_beat(pipe: Any, owner: str) -> None:
     """An RQ worker heartbeat as the dispatcher sends it (one pipeline)."""
-    key = Worker.redis_worker_namespace_prefix + owner
+    key = rq_records.worker_key(owner)
     pipe.hset(key, "last_heartbeat", "2026-01-01T00:00:00.000000Z")
     pipe.expire(key, WORKER_TTL_S + 60)
-    pipe.expire(key + ":executions", WORKER_TTL_S + 60)
+    pipe.expire(rq_records.worker_executions_key(owner), WORKER_TTL_S + 60)
     pipe.hset(key, "state", "idle")
 
 
