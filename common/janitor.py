@@ -15,11 +15,6 @@ import time
 from typing import cast
 
 import redis
-from rq import Worker
-from rq.exceptions import NoSuchJobError
-from rq.job import Job
-from rq.registry import StartedJobRegistry
-from rq.worker_registration import unregister
 
 from codepool.common import failover
 from codepool.common.cancellation import PRODUCER_LOST_MESSAGE, cancel
@@ -33,6 +28,7 @@ from codepool.common.ledger import (
 )
 from codepool.common.queueing import announce, announcements_for, batch_of_job, batch_queue
 from codepool.common.result import infra
+from codepool.common.rq_records import retire_worker
 from codepool.common.settings import Settings
 from codepool.common.tally import write_calls
 
@@ -222,25 +218,11 @@ class Janitor:
         """Take a lost dispatcher out of RQ's worker list and its job out of RQ's started
         registry; returns the batch of the job it held, if any (it may have held the
         only announcement of that batch)."""
-        worker = Worker.find_by_key(
-            Worker.redis_worker_namespace_prefix + owner,
-            connection=self.conn,
+        job_id = retire_worker(
+            self.conn,
+            owner,
+            queue=self.queue.name,
             serializer=MsgpackSerializer,
+            job_ttl_s=self.settings.job_failure_ttl_s,
         )
-        if worker is None:
-            return None
-        job_id = worker.get_current_job_id()
-        unregister(worker)
-        self.conn.delete(worker.key)
-        if not job_id:
-            return None
-        try:
-            job = Job.fetch(job_id, connection=self.conn, serializer=MsgpackSerializer)
-        except NoSuchJobError:
-            return batch_of_job(job_id)
-        registry = StartedJobRegistry(
-            self.queue.name, connection=self.conn, serializer=MsgpackSerializer
-        )
-        registry.remove_executions(job)
-        self.conn.expire(job.key, self.settings.job_failure_ttl_s)
-        return batch_of_job(job_id)
+        return batch_of_job(job_id) if job_id else None

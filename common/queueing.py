@@ -20,6 +20,7 @@ from rq.job import Job
 from rq.utils import now
 
 from codepool.common.codec import MsgpackSerializer
+from codepool.common.rq_records import job_key, queue_key
 from codepool.common.settings import Settings
 from codepool.common.wire import JOB_FUNCTION, encode_announcement
 
@@ -98,10 +99,10 @@ def withdraw_announcements(pipe: Pipeline, settings: Settings, job_ids: Sequence
     """Take announcements off the queue and drop their job hashes (on ``pipe``): a
     cancelled batch's, so the dispatchers do not take them one by one to find nothing.
     One a dispatcher took already is not touched by the LREM (and finds nothing)."""
-    queue_key = Queue.redis_queue_namespace_prefix + settings.queue
+    key = queue_key(settings.queue)
     for job_id in job_ids:
-        pipe.lrem(queue_key, 1, job_id)
-        pipe.delete(Job.key_for(job_id))
+        pipe.lrem(key, 1, job_id)
+        pipe.delete(job_key(job_id))
 
 
 def batch_of_job(job_id: str) -> str:

@@ -11,15 +11,8 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.exceptions import NoPermissionError
-from rq.command import PUBSUB_CHANNEL_TEMPLATE
-from rq.intermediate_queue import IntermediateQueue
-from rq.job import Job
-from rq.queue import Queue
-from rq.registry import StartedJobRegistry
-from rq.results import Result
-from rq.worker import Worker
-from rq.worker_registration import REDIS_WORKER_KEYS
 
+from codepool.common import rq_records
 from codepool.common.connection import redis_client
 from codepool.common.errors import ConfigError
 from codepool.common.failover import sentinel_of
@@ -59,11 +52,12 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
     keys = settings.keys
     results = keys.batch_results(PROBE_ID)
     done = keys.batch_done(PROBE_ID)
-    queue_key = Queue.redis_queue_namespace_prefix + settings.queue
-    intermediate = IntermediateQueue.get_intermediate_queue_key(queue_key)
-    started = StartedJobRegistry.key_template.format(settings.queue)
-    channel = PUBSUB_CHANNEL_TEMPLATE % PROBE_ID
-    result_stream = str(Result.get_key(PROBE_ID))  # type: ignore[no-untyped-call]
+    queue_key = rq_records.queue_key(settings.queue)
+    intermediate = rq_records.intermediate_queue_key(settings.queue)
+    started = rq_records.started_registry_key(settings.queue)
+    channel = rq_records.command_channel(PROBE_ID)
+    result_stream = rq_records.result_stream_key(PROBE_ID)
+    job_key = rq_records.job_key(PROBE_ID)
     return [
         # codepool: result writer (and its counting), leases and claims, heartbeat, producer,
         # cancellation (its script publishes to the dispatchers' channels).
@@ -92,14 +86,14 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
         ("HGETALL", keys.stats()),
         ("DEL", done),
         # RQ: enqueue, reliable dequeue, registries, results, worker registration, commands.
-        ("HSET", Job.key_for(PROBE_ID), "status", "queued"),
+        ("HSET", job_key, "status", "queued"),
         ("RPUSH", queue_key, PROBE_ID),
         ("LPUSH", queue_key, PROBE_ID),
         ("BLMOVE", queue_key, intermediate, "LEFT", "RIGHT", "1"),
         ("LREM", intermediate, "1", PROBE_ID),
         ("ZADD", started, "0", PROBE_ID),
-        ("SADD", Queue.redis_queues_keys, queue_key),
-        ("SADD", REDIS_WORKER_KEYS, Worker.redis_worker_namespace_prefix + PROBE_ID),
+        ("SADD", rq_records.queues_key(), queue_key),
+        ("SADD", rq_records.workers_key(), rq_records.worker_key(PROBE_ID)),
         ("XADD", result_stream, "*", "type", "1"),
         ("PUBLISH", channel, "{}"),
         ("SUBSCRIBE", channel),
@@ -107,7 +101,7 @@ def required_commands(settings: Settings) -> list[tuple[str, ...]]:
         ("CLIENT", "SETNAME", PROBE_ID),
         ("MULTI",),
         ("EXEC",),
-        ("WATCH", Job.key_for(PROBE_ID)),
+        ("WATCH", job_key),
     ]
 
 
@@ -349,7 +343,7 @@ def _check_acl(client: redis.Redis, url: str) -> Line:
             name,
             True,
             f"user {user} may run the {len(commands)} commands codepool and RQ send on "
-            f"{settings.prefix}* and rq:* (checked with {how})",
+            f"{settings.prefix}* and {rq_records.key_pattern()} (checked with {how})",
         )
     fixes = sorted({_acl_fix(command, message, settings) for command, message in denied})
     shown = "; ".join(f"{' '.join(command[:2])}: {message}" for command, message in denied[:3])
@@ -442,6 +436,10 @@ def _acl_fix(command: tuple[str, ...], message: str, settings: Settings) -> str:
             return f"+{command[0].lower()}|{command[1].lower()}"
         return f"+{command[0].lower()}"
     if "channel" in lowered:
-        return "&" + PUBSUB_CHANNEL_TEMPLATE % "*"
+        return "&" + rq_records.command_channel("*")
     prefix = settings.prefix
-    return f"~{prefix}*" if any(arg.startswith(prefix) for arg in command[1:]) else "~rq:*"
+    return (
+        f"~{prefix}*"
+        if any(arg.startswith(prefix) for arg in command[1:])
+        else "~" + rq_records.key_pattern()
+    )

@@ -41,11 +41,12 @@ from codepool.common.limits import Limits
 from codepool.common.settings import DEFAULT_DRAIN_S, Settings
 from codepool.worker import host_window
 from codepool.worker.context_server import ContextServer
-from codepool.worker.dispatcher import CUT_SIGNAL, LEASE_FILE, WINDOW_FILE, DispatcherConfig
+from codepool.worker.dispatcher import LEASE_FILE, WINDOW_FILE, DispatcherConfig
 from codepool.worker.engine import leftovers
 from codepool.worker.engine.executor import LocalExecutor
 from codepool.worker.lease import HostLease
 from codepool.worker.lease_board import LeaseBoard
+from codepool.worker.rq_worker import CUT_SIGNAL
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """The RQ job boundary: codepool's only job function, and the runner behind it.
 
 A dispatcher (an RQ worker process) fetches announcements: small jobs that name a batch
-stored in Redis. ``CodepoolJob`` refuses to resolve any function but :data:`JOB_FUNCTION`
-(nothing else is ever imported) and hands the announcement to the dispatcher's
-:class:`BatchRunner`, which claims runs of the batch's indices (``ledger.CLAIM``) as its
-share of the host's executor frees up, and hands each result to the writer. Several
+stored in Redis. ``CodepoolJob`` (worker/rq_worker.py) refuses to resolve any function
+but :data:`JOB_FUNCTION` (nothing else is ever imported) and hands the announcement to
+the dispatcher's :class:`BatchRunner`, which claims runs of the batch's indices
+(``ledger.CLAIM``) as its share of the host's executor frees up, and hands each result
+to the writer. Several
 dispatchers on several hosts work on one batch at once; the job ends when nothing is
 left to claim and nothing of its own is in flight.
 
@@ -43,7 +44,6 @@ from codepool.common.queueing import announce, batch_queue
 from codepool.common.result import CANCELLED, ExecResult, infra, rejected
 from codepool.common.settings import Settings
 from codepool.common.wire import (
-    JOB_FUNCTION,
     WHOLE_BATCH,
     BatchJob,
     decode_announcement,
@@ -78,44 +78,10 @@ class _Dropped:
 _DROPPED = _Dropped()
 
 
-class RefusedJob(CodepoolError):
-    """Raised when an RQ job names a function other than codepool's job function."""
-
-
 def run_batch(payload: bytes) -> None:
     """The name producers enqueue. It runs only inside ``codepool worker``, whose
-    CodepoolJob routes it to the dispatcher's BatchRunner."""
+    CodepoolJob (worker/rq_worker.py) routes it to the dispatcher's BatchRunner."""
     raise CodepoolError("run_batch runs only inside `codepool worker` dispatchers")
-
-
-class CodepoolJob(Job):
-    """An RQ job that resolves to the dispatcher's runner, and to nothing else."""
-
-    runner: BatchRunner | None = None
-    execution: BatchExecution | None = None
-    unread: dict[bytes, bytes] | None = None  # its hash, read and not yet restored
-
-    @property
-    def func(self) -> Callable[..., Any]:
-        if self.func_name != JOB_FUNCTION:
-            raise RefusedJob(f"refused: job {self.id} names {self.func_name!r}, not codepool's")
-        if self.runner is None:
-            raise CodepoolError("no batch runner attached to this job")
-        runner = self.runner
-        return lambda payload, *_, **__: runner.run(self, payload)
-
-    # Callbacks are imported by name too; codepool sets none, so none are honoured.
-    @property
-    def success_callback(self) -> None:
-        return None
-
-    @property
-    def failure_callback(self) -> None:
-        return None
-
-    @property
-    def stopped_callback(self) -> None:
-        return None
 
 
 class BatchRunner:

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 
 import redis
 
+from codepool.common import rq_records
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import RemoteSandbox
 from codepool.worker.engine.executor import LocalExecutor
@@ -68,7 +69,7 @@ def worker_host(url: str) -> Iterator[None]:
     try:
         client = redis.Redis.from_url(url)
         deadline = time.monotonic() + 60
-        while client.scard("rq:workers") < 2:
+        while client.scard(rq_records.workers_key()) < 2:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"worker not ready; see {workdir}/worker.log")
             time.sleep(0.1)

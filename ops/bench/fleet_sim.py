@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from rq import Queue, Worker
+from rq import Queue
 from rq.exceptions import DequeueTimeout
 
+from codepool.common import rq_records
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.limits import Limits
 from codepool.common.queueing import announced_batch, announcements_for
@@ -52,13 +53,14 @@ from codepool.ops.bench.e2e import calls_between, redis_calls, redis_cpu_s
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
 from codepool.worker import host_window
-from codepool.worker.dispatcher import DEQUEUE_TIMEOUT_S, KEEPALIVE_S, WORKER_TTL_S
+from codepool.worker.dispatcher import KEEPALIVE_S
 from codepool.worker.finished_batches import FinishedBatches
 from codepool.worker.host import HEARTBEAT_EVERY_S
 from codepool.worker.host_window import HostWindow
-from codepool.worker.job import BatchRunner, CodepoolJob
+from codepool.worker.job import BatchRunner
 from codepool.worker.lease import DispatcherLease, HostLease
 from codepool.worker.lease_board import LeaseBoard
+from codepool.worker.rq_worker import DEQUEUE_TIMEOUT_S, WORKER_TTL_S, CodepoolJob
 from codepool.worker.writer import ResultWriter
 
 TARGET_IDLE_CORE = 0.10
@@ -233,10 +235,10 @@ class Fleet:
 
 def _rq_beat(pipe: Any, owner: str) -> None:
     """An RQ worker heartbeat as the dispatcher sends it (one pipeline)."""
-    key = Worker.redis_worker_namespace_prefix + owner
+    key = rq_records.worker_key(owner)
     pipe.hset(key, "last_heartbeat", "2026-01-01T00:00:00.000000Z")
     pipe.expire(key, WORKER_TTL_S + 60)
-    pipe.expire(key + ":executions", WORKER_TTL_S + 60)
+    pipe.expire(rq_records.worker_executions_key(owner), WORKER_TTL_S + 60)
     pipe.hset(key, "state", "idle")
 
 

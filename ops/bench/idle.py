@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import redis
 
+from codepool.common import rq_records
 from codepool.ops.bench.e2e import calls_between, redis_calls, redis_cpu_s
 from codepool.ops.redis_server import RedisServer
 
@@ -116,7 +117,7 @@ def _wait_dispatchers(
     """Until RQ lists every dispatcher of the host (one per slot, at least two)."""
     want = max(2, slots)
     deadline = time.monotonic() + READY_TIMEOUT_S
-    workers_key = "rq:workers"
+    workers_key = rq_records.workers_key()
     while client.scard(workers_key) < want:
         if process.poll() is not None or time.monotonic() > deadline:
             with open(log_path, errors="replace") as f:

@@ -14,7 +14,7 @@ from rq.exceptions import StopRequested
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.wire import JOB_FUNCTION
 from codepool.worker.dispatcher import Dispatcher
-from codepool.worker.job import CodepoolJob
+from codepool.worker.rq_worker import CodepoolJob
 
 
 class Joined(Exception):
