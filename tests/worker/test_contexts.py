@@ -148,3 +148,32 @@ def test_leftover_processes_of_a_call_are_killed(executor):
         assert out.ok
         alive = ctx.run_code(f"import os\nprint(os.path.exists('/proc/{out.stdout.strip()}'))")
         assert alive.stdout == "False\n"
+
+
+def test_a_fork_after_a_call_sees_that_call(executor):
+    # The second fork order may be handed a spare made after the first: a call between
+    # them must end that spare, or the fork would start from the state before the call.
+    with executor.context() as parent:
+        parent.run_code("x = 1\nopen('f.txt', 'w').write('1')")
+        first = parent.fork()
+        parent.run_code("x = 2\nopen('f.txt', 'w').write('2')")
+        second = parent.fork()
+        third = parent.fork()  # no call since the last order: the spare's turn
+        probe = "print(x, open('f.txt').read())"
+        for fork, seen in ((first, "1 1\n"), (second, "2 2\n"), (third, "2 2\n")):
+            with fork[0] as ctx:
+                assert ctx.run_code(probe).stdout == seen
+
+
+def test_forks_do_not_share_random_streams(executor):
+    with executor.context() as parent:
+        parent.run_code("import random\nimport numpy as np")
+        forks = parent.fork() + parent.fork() + parent.fork(2)  # spares and fresh forks
+        draw = "print(random.random(), np.random.random())"
+        try:
+            draws = [ctx.run_code(draw).stdout.split() for ctx in [parent, *forks]]
+            for stream in zip(*draws, strict=True):  # random's, then numpy's
+                assert len(set(stream)) == len(forks) + 1, stream
+        finally:
+            for fork in forks:
+                fork.close()
