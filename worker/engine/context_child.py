@@ -181,6 +181,11 @@ class _Interpreter:
         self.dir = os.path.join(self.root, f"{DIR_PREFIX}{os.getpid()}")
         if copy_from is None:
             os.mkdir(self.dir, 0o700)
+        elif _empty(copy_from):
+            # Most work dirs are: copytree would still walk and copystat, in a fresh
+            # fork where every page that Python code touches is a copy-on-write fault.
+            os.mkdir(self.dir, 0o700)
+            os.chmod(self.dir, os.stat(copy_from).st_mode & 0o7777)
         else:
             shutil.copytree(copy_from, self.dir, symlinks=True)
         os.chdir(self.dir)
@@ -208,6 +213,11 @@ def _reap_leftovers() -> None:
             return
         if pid == 0:
             return
+
+
+def _empty(path: str) -> bool:
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
 def _cpu_s() -> float:
