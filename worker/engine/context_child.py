@@ -161,9 +161,14 @@ class _Interpreter:
             os.close(fd)
         self._say(context_wire.FORKED, made)
         # Off the order's path: the next fork order of this unchanged state is a hand-over.
-        self.spare.make(lambda given: self._become_fork(given, 0, parent_dir))
+        self.spare.make(
+            lambda given: self._become_fork(given, 0, parent_dir, reseed=False),
+            prepare=self._reseed,  # while it waits: one less thing on the order's path
+        )
 
-    def _become_fork(self, fds: list[int], number: int, parent_dir: str) -> None:
+    def _become_fork(
+        self, fds: list[int], number: int, parent_dir: str, *, reseed: bool = True
+    ) -> None:
         control, out, err = fds[3 * number : 3 * number + 3]
         os.dup2(out, 1)
         os.dup2(err, 2)
@@ -173,9 +178,13 @@ class _Interpreter:
         self.control.detach()
         self.control = socket.socket(fileno=REQUEST_FD)
         self._enter_dir(parent_dir)
+        if reseed:
+            self._reseed()
+        self._say(context_wire.HELLO, os.getpid())
+
+    def _reseed(self) -> None:
         if callable(self.reseed):
             self.reseed()
-        self._say(context_wire.HELLO, os.getpid())
 
     def _enter_dir(self, copy_from: str | None) -> None:
         self.dir = os.path.join(self.root, f"{DIR_PREFIX}{os.getpid()}")

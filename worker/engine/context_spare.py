@@ -47,9 +47,11 @@ class Spare:
         self.pid = 0
         self._link: socket.socket | None = None
 
-    def make(self, become: Callable[[list[int]], None]) -> None:
-        """Fork the spare. It waits for a hand-over, then becomes the fork with
-        ``become(fds)`` and returns from here as that fork; given nothing, it exits.
+    def make(self, become: Callable[[list[int]], None], *, prepare: Callable[[], None]) -> None:
+        """Fork the spare. It runs ``prepare()`` (its reseed: it is a process of its
+        own from here, so its random streams are its own), waits for a hand-over, then
+        becomes the fork with ``become(fds)`` and returns from here as that fork; given
+        nothing, it exits.
         Like a fork made on demand, it holds its parent's stdio and control socket
         until ``become`` puts its own in their places."""
         self.drop()
@@ -67,6 +69,10 @@ class Spare:
             return
         if pid == 0:
             link.close()
+            try:
+                prepare()
+            except BaseException:
+                os._exit(1)  # no fork of it then: the order forks on demand
             _wait_for_order(theirs, become)
             return
         theirs.close()
