@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import shutil
 import socket
 import struct
@@ -55,6 +56,7 @@ CLONE_PARENT = 0x00008000
 PR_SET_CHILD_SUBREAPER = 36
 DIR_PREFIX = "ctx-"
 MAX_FORKS = context_wire.MAX_FORKS_PER_ORDER
+SPARE_DELAY_S = 0.003  # about what a fork takes to say hello on a busy 2-core host
 
 
 def serve(reseed: object) -> NoReturn:
@@ -161,6 +163,10 @@ class _Interpreter:
             os.close(fd)
         self._say(context_wire.FORKED, made)
         # Off the order's path: the next fork order of this unchanged state is a hand-over.
+        # Not while the forks just made are setting up (a fork here would compete with
+        # them for the CPU), nor when the next order is already here: a call would end it.
+        if _order_within(self.control, SPARE_DELAY_S):
+            return
         self.spare.make(
             lambda given: self._become_fork(given, 0, parent_dir, reseed=False),
             prepare=self._reseed,  # while it waits: one less thing on the order's path
@@ -222,6 +228,12 @@ def _reap_leftovers() -> None:
             return
         if pid == 0:
             return
+
+
+def _order_within(control: socket.socket, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 def _empty(path: str) -> bool:
