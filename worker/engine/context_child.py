@@ -24,10 +24,10 @@ reads and empties after each call, so each call's stdout and stderr are its own,
 the output cap with a snippet's truncation marker, and the file size limit applies per
 call.
 
-Spares. After answering a fork order an interpreter forks one more copy of itself
-that waits; its next fork order hands that copy the new fork's fds instead of forking
-on the order's path, and a call ends it first (context_spare.py says why that copy is
-the same state and what it costs).
+Spares. After answering a fork order, once idle for a moment, an interpreter forks
+one more copy of itself that waits; its next fork order hands that copy the new fork's
+fds instead of forking on the order's path, and a call ends it first (context_spare.py
+says why that copy is the same state and what it costs).
 
 Work dirs. Each interpreter works in ``ctx-<pid>`` under the child's work dir (the one
 place Landlock lets it write besides the private tmpfs); a fork copies its parent's dir
