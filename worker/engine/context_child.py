@@ -24,10 +24,10 @@ reads and empties after each call, so each call's stdout and stderr are its own,
 the output cap with a snippet's truncation marker, and the file size limit applies per
 call.
 
-Spares. After answering a fork order, once idle for a moment, an interpreter forks
-one more copy of itself that waits; its next fork order hands that copy the new fork's
-fds instead of forking on the order's path, and a call ends it first (context_spare.py
-says why that copy is the same state and what it costs).
+Spares. After answering a fork order, unless its next order is already waiting, an
+interpreter forks one more copy of itself that waits; its next fork order hands that
+copy the new fork's fds instead of forking on the order's path, and a call ends it
+first (context_spare.py says why that copy is the same state and what it costs).
 
 Work dirs. Each interpreter works in ``ctx-<pid>`` under the child's work dir (the one
 place Landlock lets it write besides the private tmpfs); a fork copies its parent's dir
@@ -56,7 +56,6 @@ CLONE_PARENT = 0x00008000
 PR_SET_CHILD_SUBREAPER = 36
 DIR_PREFIX = "ctx-"
 MAX_FORKS = context_wire.MAX_FORKS_PER_ORDER
-SPARE_DELAY_S = 0.003  # about what a fork takes to say hello on a busy 2-core host
 
 
 def serve(reseed: object) -> NoReturn:
@@ -163,9 +162,9 @@ class _Interpreter:
             os.close(fd)
         self._say(context_wire.FORKED, made)
         # Off the order's path: the next fork order of this unchanged state is a hand-over.
-        # Not while the forks just made are setting up (a fork here would compete with
-        # them for the CPU), nor when the next order is already here: a call would end it.
-        if _order_within(self.control, SPARE_DELAY_S):
+        # At once, so a tight loop of forks finds it (waiting for a quiet moment first
+        # measured no better and lost those); not when the next order is already here.
+        if _order_waiting(self.control):
             return
         self.spare.make(
             lambda given: self._become_fork(given, 0, parent_dir, reseed=False),
@@ -230,10 +229,10 @@ def _reap_leftovers() -> None:
             return
 
 
-def _order_within(control: socket.socket, timeout_s: float) -> bool:
+def _order_waiting(control: socket.socket) -> bool:
     poller = select.poll()
     poller.register(control, select.POLLIN)
-    return bool(poller.poll(timeout_s * 1000))
+    return bool(poller.poll(0))
 
 
 def _empty(path: str) -> bool:

@@ -7,11 +7,11 @@ on every page they touch until the fork says hello. Measured on a 2-core host, t
 clone and those first faults were some 3 ms of a 5-6 ms fork order; the Python hooks,
 the work dir copy and the reseed together well under 1 ms. A lone snippet never pays
 that on its critical path, because the supervisor keeps children forked ahead (warm
-children). A spare does the same for a context: once a fork order is answered and no
-other order came for a moment (context_child.SPARE_DELAY_S, so the spare's own fork
-does not compete with the new forks' set-up, and a call that follows at once does not
-make one in vain), the interpreter forks one more copy of itself that waits; the next
-fork order hands that copy its channel and files instead of forking.
+children). A spare does the same for a context: once a fork order is answered (and
+no other order waits already), the interpreter forks one more copy of itself that
+waits; the next fork order hands that copy its channel and files instead of forking.
+Its own fork runs while the new forks set up, so on a busy host it takes some of their
+CPU; waiting for a quiet moment first measured no better and lost tight fork loops.
 
 Why it is the same copy. An interpreter between orders is single-threaded and blocked
 reading its control socket: it runs no code, so its memory at the next order is what
