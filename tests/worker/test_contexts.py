@@ -20,6 +20,13 @@ def executor():
         yield ex
 
 
+@pytest.fixture(scope="module")
+def patient():
+    """An executor whose idle TTL outlasts any wait for a spare on a loaded host."""
+    with LocalExecutor(concurrency=2, max_contexts=6, context_ttl_s=300.0) as ex:
+        yield ex
+
+
 def _wait(condition, timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -148,3 +155,57 @@ def test_leftover_processes_of_a_call_are_killed(executor):
         assert out.ok
         alive = ctx.run_code(f"import os\nprint(os.path.exists('/proc/{out.stdout.strip()}'))")
         assert alive.stdout == "False\n"
+
+
+def _spare_made(parent, *others) -> bool:
+    """Wait until ``parent``'s spare fork exists: a child of the family's reaper that
+    is none of the contexts (forks are made with CLONE_PARENT)."""
+    with open(f"/proc/{parent.pid}/status") as f:
+        reaper = next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
+    known = {str(ctx.pid) for ctx in (parent, *others)}
+
+    def spare() -> bool:
+        children = set()
+        try:
+            for task in os.listdir(f"/proc/{reaper}/task"):
+                with open(f"/proc/{reaper}/task/{task}/children") as f:
+                    children |= set(f.read().split())
+        except OSError:
+            return False  # the family ended
+        return bool(children - known)
+
+    return _wait(spare)
+
+
+def test_a_fork_after_a_call_sees_that_call(patient):
+    # A fork order may be handed the spare made after the last one: a call between them
+    # must end that spare, or the fork would start from the state before the call.
+    with patient.context() as parent:
+        parent.run_code("x = 1\nopen('f.txt', 'w').write('1')")
+        first = parent.fork()
+        assert _spare_made(parent, *first)
+        parent.run_code("x = 2\nopen('f.txt', 'w').write('2')")
+        second = parent.fork()
+        assert _spare_made(parent, *first, *second)
+        third = parent.fork()  # no call since the last order: the spare's turn
+        probe = "print(x, open('f.txt').read())"
+        for fork, seen in ((first, "1 1\n"), (second, "2 2\n"), (third, "2 2\n")):
+            with fork[0] as ctx:
+                assert ctx.run_code(probe).stdout == seen
+
+
+def test_forks_do_not_share_random_streams(patient):
+    with patient.context() as parent:
+        parent.run_code("import random\nimport numpy as np")
+        forks = parent.fork()
+        assert _spare_made(parent, *forks)
+        forks += parent.fork()  # the spare
+        forks += parent.fork(2)  # the spare made after that one (if made yet) and a fork
+        draw = "print(random.random(), np.random.random())"
+        try:
+            draws = [ctx.run_code(draw).stdout.split() for ctx in [parent, *forks]]
+            for stream in zip(*draws, strict=True):  # random's, then numpy's
+                assert len(set(stream)) == len(forks) + 1, stream
+        finally:
+            for fork in forks:
+                fork.close()

@@ -24,6 +24,11 @@ reads and empties after each call, so each call's stdout and stderr are its own,
 the output cap with a snippet's truncation marker, and the file size limit applies per
 call.
 
+Spares. After answering a fork order, unless its next order is already waiting, an
+interpreter forks one more copy of itself that waits; its next fork order hands that
+copy the new fork's fds instead of forking on the order's path, and a call ends it
+first (context_spare.py says why that copy is the same state and what it costs).
+
 Work dirs. Each interpreter works in ``ctx-<pid>`` under the child's work dir (the one
 place Landlock lets it write besides the private tmpfs); a fork copies its parent's dir
 into its own and moves there. Whoever reaps an interpreter (R) removes its dir, so a
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import shutil
 import socket
 import struct
@@ -43,7 +49,7 @@ import sys
 from typing import NoReturn
 
 from codepool.common.autoprint import FILENAME
-from codepool.worker.engine import context_wire, contract, linux, snippet
+from codepool.worker.engine import context_spare, context_wire, contract, linux, snippet
 from codepool.worker.engine.contract import DONE_FD, REQUEST_FD
 
 CLONE_PARENT = 0x00008000
@@ -90,6 +96,7 @@ class _Interpreter:
         self.reseed = reseed
         self.control = socket.socket(fileno=REQUEST_FD)
         self.main = sys.modules["__main__"].__dict__
+        self.spare = context_spare.Spare()
         self._enter_dir(None)
 
     def serve(self) -> NoReturn:
@@ -99,6 +106,7 @@ class _Interpreter:
                 # A fork order's fds ride on its first byte: read with room for them.
                 kind, fds, _, _ = socket.recv_fds(self.control, 1, 3 * MAX_FORKS)
                 if kind == context_wire.CALL and not fds:
+                    self.spare.drop()  # the call changes the state the spare copied
                     self._call()
                     continue
                 if kind == context_wire.FORK:
@@ -139,6 +147,9 @@ class _Interpreter:
         _flush()
         parent_dir = self.dir
         for number in range(len(fds) // 3):
+            if number == 0 and self.spare.take(fds[:3]):
+                made += 1  # the spare made after the last order is this fork
+                continue
             try:
                 pid = linux.fork_with_flags(CLONE_PARENT, hooks=True)
             except OSError:
@@ -150,8 +161,19 @@ class _Interpreter:
         for fd in fds:
             os.close(fd)
         self._say(context_wire.FORKED, made)
+        # Off the order's path: the next fork order of this unchanged state is a hand-over.
+        # At once, so a tight loop of forks finds it (waiting for a quiet moment first
+        # measured no better and lost those); not when the next order is already here.
+        if _order_waiting(self.control):
+            return
+        self.spare.make(
+            lambda given: self._become_fork(given, 0, parent_dir, reseed=False),
+            prepare=self._reseed,  # while it waits: one less thing on the order's path
+        )
 
-    def _become_fork(self, fds: list[int], number: int, parent_dir: str) -> None:
+    def _become_fork(
+        self, fds: list[int], number: int, parent_dir: str, *, reseed: bool = True
+    ) -> None:
         control, out, err = fds[3 * number : 3 * number + 3]
         os.dup2(out, 1)
         os.dup2(err, 2)
@@ -161,14 +183,23 @@ class _Interpreter:
         self.control.detach()
         self.control = socket.socket(fileno=REQUEST_FD)
         self._enter_dir(parent_dir)
+        if reseed:
+            self._reseed()
+        self._say(context_wire.HELLO, os.getpid())
+
+    def _reseed(self) -> None:
         if callable(self.reseed):
             self.reseed()
-        self._say(context_wire.HELLO, os.getpid())
 
     def _enter_dir(self, copy_from: str | None) -> None:
         self.dir = os.path.join(self.root, f"{DIR_PREFIX}{os.getpid()}")
         if copy_from is None:
             os.mkdir(self.dir, 0o700)
+        elif _empty(copy_from):
+            # Most work dirs are: copytree would still walk and copystat, in a fresh
+            # fork where every page that Python code touches is a copy-on-write fault.
+            os.mkdir(self.dir, 0o700)
+            os.chmod(self.dir, os.stat(copy_from).st_mode & 0o7777)
         else:
             shutil.copytree(copy_from, self.dir, symlinks=True)
         os.chdir(self.dir)
@@ -196,6 +227,17 @@ def _reap_leftovers() -> None:
             return
         if pid == 0:
             return
+
+
+def _order_waiting(control: socket.socket) -> bool:
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _empty(path: str) -> bool:
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
 def _cpu_s() -> float:

@@ -400,8 +400,9 @@ class Supervisor:
         if child.family is not None:
             family = child.family
             limits = family.limits
-            # Its forks count against its process limit too.
-            procs = limits.max_procs + self.contexts.max_contexts + 1
+            # Its forks count against its process limit too, and so does the spare fork
+            # each may hold (context_spare.py), so a call never has fewer than max_procs.
+            procs = limits.max_procs + 2 * self.contexts.max_contexts + 1
             start = dataclasses.replace(limits, max_procs=procs)
             request = ChildRequest.encode(b"", start, context=True)
             self.contexts.on_cloned(family, child, request)
