@@ -153,8 +153,21 @@ def test_leftover_processes_of_a_call_are_killed(executor):
             "print(p.pid)"
         )
         assert out.ok
-        alive = ctx.run_code(f"import os\nprint(os.path.exists('/proc/{out.stdout.strip()}'))")
-        assert alive.stdout == "False\n"
+        # Killed when the call ended; the kill lands a moment later, and the process may
+        # stay a zombie until the interpreter that started it reaps it.
+        probe = (
+            "import time\n"
+            "def state(pid):\n"
+            "    try:\n"
+            "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+            "    except OSError:\n"
+            "        return 'gone'\n"
+            f"pid, deadline = {out.stdout.strip()}, time.monotonic() + 10\n"
+            "while state(pid) not in ('gone', 'Z') and time.monotonic() < deadline:\n"
+            "    time.sleep(0.01)\n"
+            "print(state(pid) in ('gone', 'Z'))"
+        )
+        assert ctx.run_code(probe).stdout == "True\n"
 
 
 def _spare_made(parent, *others) -> bool:
