@@ -1,7 +1,12 @@
-"""Interpreter contexts: what fork() of a context that imported numpy costs, next to a
-lone snippet (``print(1)``) on the same executor, measured in one run.
+"""Interpreter contexts, measured side by side in one run: end to end through Redis
+(ops/bench/contexts_fleet.py: a trajectory against replay, fork() against a lone
+snippet, a reward fan-out against independent snippets, the memory of idle contexts),
+then on a local executor.
 
+    python -m codepool.ops.bench.contexts            # both parts
     python -m codepool.ops.bench.contexts --local [--rounds 200]
+
+The local part:
 
 Prints p50/p90 of: a lone snippet's round trip, a context's fork() (to a usable new
 context), a call on a context, and the fork/snippet ratio (issue 24 asks for p50 within
@@ -14,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
+from codepool.ops.bench import contexts_fleet
 from codepool.worker.engine.executor import LocalExecutor
 
 
@@ -62,15 +69,19 @@ def local(rounds: int) -> None:
     print(f"fork after a call p50 / snippet p50: {statistics.median(cold_s) / snippet_p50:.2f}x")
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--local", action="store_true", help="measure on a LocalExecutor")
-    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--local", action="store_true", help="only the local executor part")
+    parser.add_argument("--rounds", type=int, default=200, help="local fork rounds")
+    parser.add_argument("--fleet-rounds", type=int, default=5, help="rounds through Redis")
     args = parser.parse_args()
+    code = 0
     if not args.local:
-        parser.error("only --local exists so far (contexts are not routed through Redis yet)")
+        code = contexts_fleet.main(["--rounds", str(args.fleet_rounds)])
+        print()
     local(args.rounds)
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
