@@ -44,7 +44,7 @@ class BadRequest(Exception):
 
 
 @dataclass(frozen=True)
-class Call:
+class RequestedRun:
     """What a request asks to run: the snippet and its Limits overrides; or, for a
     language codepool does not run, the SandboxError to answer at once. ``compile_s``:
     its compile budget (SandboxFusion's ``compile_timeout``), which a Python snippet
@@ -56,13 +56,13 @@ class Call:
     compile_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
-def run_code_call(body: Any) -> Call:
-    """The Call a ``POST /run_code`` body asks for."""
+def run_code_call(body: Any) -> RequestedRun:
+    """The RequestedRun a ``POST /run_code`` body asks for."""
     fields = json_object(body)
     code = field_of(fields, "code", str, required=True)
     language = field_of(fields, "language", str, required=True)
     if language not in LANGUAGES:
-        return Call(None, {}, refusal=_unsupported("language", language, LANGUAGES))
+        return RequestedRun(None, {}, refusal=_unsupported("language", language, LANGUAGES))
     # Nothing compiles: the compile budget is what the request may wait for a slot (0 or
     # less: SandboxFusion's default).
     compile_s = field_of(fields, "compile_timeout", (int, float))
@@ -72,11 +72,11 @@ def run_code_call(body: Any) -> Call:
     limits.update(memory_limits(fields))
     stdin = field_of(fields, "stdin", str)
     snippet = _snippet(fields, code=code, stdin=stdin)
-    return Call(snippet, limits, compile_s=float(compile_s))
+    return RequestedRun(snippet, limits, compile_s=float(compile_s))
 
 
-def run_jupyter_call(body: Any) -> Call:
-    """The Call a ``POST /run_jupyter`` body asks for: the cells in one child."""
+def run_jupyter_call(body: Any) -> RequestedRun:
+    """The RequestedRun a ``POST /run_jupyter`` body asks for: the cells in one child."""
     fields = json_object(body)
     cells = field_of(fields, "cells", list, required=True)
     if not all(isinstance(cell, str) for cell in cells):
@@ -90,7 +90,7 @@ def run_jupyter_call(body: Any) -> Call:
     limits = {"timeout_s": seconds_of(fields, "total_timeout", DEFAULT_TOTAL_TIMEOUT_S)}
     limits.update(memory_limits(fields))
     snippet = _snippet(fields, cells=cells, cell_timeout_s=cell_timeout or None)
-    return Call(snippet, limits)
+    return RequestedRun(snippet, limits)
 
 
 def run_code_response(result: ExecResult) -> dict[str, Any]:

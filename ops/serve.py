@@ -44,7 +44,7 @@ from codepool.ops.context_routes import (
     OpenContexts,
     context_routes,
 )
-from codepool.ops.sandbox_fusion import BadRequest, Call
+from codepool.ops.sandbox_fusion import BadRequest, RequestedRun
 from codepool.producer.sandbox import RemoteSandbox
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class Service:
             if task is not None:
                 self._waiting.discard(task)
 
-    async def run(self, call: Call, request: Request) -> ExecResult | None:
+    async def run(self, call: RequestedRun, request: Request) -> ExecResult | None:
         """The call's result; None if its client left first (the call is cancelled)."""
         if self.draining:
             raise HTTPException(503, STOPPING)
@@ -257,7 +257,7 @@ def build_app(service: Service) -> Starlette:
     it, ``/health``, and the interpreter contexts' ``/contexts`` (ops/context_routes.py)."""
 
     def endpoint(
-        parse: Callable[[Any], Call],
+        parse: Callable[[Any], RequestedRun],
         respond: Callable[[ExecResult], dict[str, Any]],
         *,
         jupyter: bool,

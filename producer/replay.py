@@ -26,7 +26,7 @@ from codepool.common.result import ExecResult
 from codepool.producer.compare import Comparison
 from codepool.producer.pool import CodePool
 from codepool.producer.rollout_files import read_calls
-from codepool.producer.rollouts import Call, RolloutError
+from codepool.producer.rollouts import RecordedCall, RolloutError
 
 CHUNK = 256  # calls per batch: enough to keep every slot busy, small enough to resume
 
@@ -119,7 +119,7 @@ def replay(
     summary = ReplaySummary(comparison=Comparison() if compare else None)
     drop_partial_last_line(out_path)
     already = done_ids(out_path)
-    pending: list[Call] = []
+    pending: list[RecordedCall] = []
     for item in read_calls(in_path):
         if isinstance(item, RolloutError):
             summary.bad_lines.append(str(item))
@@ -167,6 +167,6 @@ def replay(
     return summary
 
 
-def _chunks(calls: list[Call], size: int) -> Iterable[list[Call]]:
+def _chunks(calls: list[RecordedCall], size: int) -> Iterable[list[RecordedCall]]:
     for start in range(0, len(calls), size):
         yield calls[start : start + size]

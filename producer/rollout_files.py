@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from codepool.common.errors import InputError, MissingExtra
-from codepool.producer.rollouts import Call, RolloutError, calls_in_record
+from codepool.producer.rollouts import RecordedCall, RolloutError, calls_in_record
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 COLUMNS = ("id", "code", "observation", "messages", "stdin", "files", "fetch_files")
@@ -37,7 +37,7 @@ def check_readable(path: str) -> None:
         _open_parquet(path)
 
 
-def read_calls(path: str) -> Iterator[Call | RolloutError]:
+def read_calls(path: str) -> Iterator[RecordedCall | RolloutError]:
     """Every call in a rollout file, in order; bad records come back as RolloutError."""
     unit = "row" if is_parquet(path) else "line"
     records = _parquet_rows(path) if unit == "row" else _jsonl_records(path)

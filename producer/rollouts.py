@@ -36,7 +36,7 @@ _QWEN_PARAM = re.compile(r"<parameter=(?P<name>[^>]+)>\n?(?P<value>.*?)\n?</para
 
 
 @dataclass(frozen=True)
-class Call:
+class RecordedCall:
     """One code execution a rollout asked for.
 
     ``recorded``: the observation the policy saw, ``None`` when the record holds none;
@@ -64,7 +64,7 @@ class RolloutError(ValueError):
     """Raised when a record is not valid JSON or holds no recognizable call."""
 
 
-def calls_in_line(line: str, number: int) -> list[Call]:
+def calls_in_line(line: str, number: int) -> list[RecordedCall]:
     """The calls in one JSONL line (``number`` names lines without an ``id``)."""
     try:
         record = json.loads(line)
@@ -73,7 +73,7 @@ def calls_in_line(line: str, number: int) -> list[Call]:
     return calls_in_record(record, number)
 
 
-def calls_in_record(record: Any, number: int, *, unit: str = "line") -> list[Call]:
+def calls_in_record(record: Any, number: int, *, unit: str = "line") -> list[RecordedCall]:
     """The calls in one decoded record; ``unit number`` names it in errors and ids."""
     if not isinstance(record, dict):
         raise RolloutError(f"{unit} {number}: not a JSON object")
@@ -81,13 +81,13 @@ def calls_in_record(record: Any, number: int, *, unit: str = "line") -> list[Cal
     if isinstance(record.get("code"), str):
         recorded, unreadable = _recorded_field(record.get("observation"))
         snippet = _inputs(record, f"{unit} {number}")
-        return [Call(record_id, record["code"], recorded, unreadable, snippet)]
+        return [RecordedCall(record_id, record["code"], recorded, unreadable, snippet)]
     messages = record.get("messages")
     if not isinstance(messages, list):
         raise RolloutError(f"{unit} {number}: neither a 'code' string nor a 'messages' list")
     answered = _Conversation().walk(messages)
     return [
-        Call(f"{record_id}:{k}", code, slot.recorded, slot.unreadable)
+        RecordedCall(f"{record_id}:{k}", code, slot.recorded, slot.unreadable)
         for k, (code, slot) in enumerate(answered)
     ]
 

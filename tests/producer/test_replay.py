@@ -16,7 +16,7 @@ from codepool.ops.replay_command import SHOWN_PROBLEMS, print_problems, summary_
 from codepool.ops.server_binary import ENV_VAR, wheel_binary
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
-from codepool.producer.rollouts import Call, RolloutError, calls_in_line
+from codepool.producer.rollouts import RecordedCall, RolloutError, calls_in_line
 from tests.conftest import StartWorker, wait_until
 from tests.processes import processes
 
@@ -68,15 +68,15 @@ QWEN_LINE = {
 
 
 def test_rollout_formats() -> None:
-    assert calls_in_line(json.dumps({"id": 7, "code": "x = 1"}), 1) == [Call("7", "x = 1")]
-    assert calls_in_line(json.dumps({"code": "x"}), 4) == [Call("4", "x")]
+    assert calls_in_line(json.dumps({"id": 7, "code": "x = 1"}), 1) == [RecordedCall("7", "x = 1")]
+    assert calls_in_line(json.dumps({"code": "x"}), 4) == [RecordedCall("4", "x")]
     # The tool messages answering them are the recorded observations (oa:1 has none).
     assert calls_in_line(json.dumps(OPENAI_LINE), 1) == [
-        Call("oa:0", "print(2 + 3)", recorded="5"),
-        Call("oa:1", "print(7)"),
+        RecordedCall("oa:0", "print(2 + 3)", recorded="5"),
+        RecordedCall("oa:1", "print(7)"),
     ]
     assert calls_in_line(json.dumps(QWEN_LINE), 1) == [
-        Call("qw:0", "print(pow(17, 23, 1000))", recorded="713")
+        RecordedCall("qw:0", "print(pow(17, 23, 1000))", recorded="713")
     ]
     for bad in ("{not json", "[1, 2]", json.dumps({"id": 1})):
         with pytest.raises(RolloutError):

@@ -19,7 +19,7 @@ from codepool.ops.report import write_report
 from codepool.producer import CodePool
 from codepool.producer.replay import replay
 from codepool.producer.rollout_files import COLUMNS, read_calls
-from codepool.producer.rollouts import Call
+from codepool.producer.rollouts import RecordedCall
 from tests.conftest import StartWorker
 
 # 5001 characters of output: the default 4096 are kept behind the truncation marker.
@@ -214,7 +214,7 @@ def test_bad_parquet_files_give_clear_errors(tmp_path: Path) -> None:
     sparse = tmp_path / "sparse.parquet"
     pq.write_table(pa.table({"id": ["a", "b"], "code": ["print(1)", None]}), sparse)
     items = list(read_calls(str(sparse)))
-    assert items[0] == Call("a", "print(1)") and len(items) == 2
+    assert items[0] == RecordedCall("a", "print(1)") and len(items) == 2
     assert str(items[1]) == "row 2: neither a 'code' string nor a 'messages' list"
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from codepool.producer.rollouts import Call, RolloutError, calls_in_record
+from codepool.producer.rollouts import RecordedCall, RolloutError, calls_in_record
 
 
 def _call(call_id: str, code: str, tool: str = "code_interpreter") -> dict[str, Any]:
@@ -85,10 +85,12 @@ def test_a_new_turn_leaves_unanswered_calls_unrecorded() -> None:
 
 def test_code_records_and_their_observation() -> None:
     assert calls_in_record({"id": 4, "code": "x", "observation": "7\n"}, 1) == [
-        Call("4", "x", recorded="7\n")
+        RecordedCall("4", "x", recorded="7\n")
     ]
     # A null id (a Parquet column with gaps) names the record by its number.
-    assert calls_in_record({"id": None, "code": "x", "observation": None}, 9) == [Call("9", "x")]
+    assert calls_in_record({"id": None, "code": "x", "observation": None}, 9) == [
+        RecordedCall("9", "x")
+    ]
 
 
 def test_malformed_answers_are_unreadable_not_fatal() -> None:

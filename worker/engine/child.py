@@ -113,12 +113,12 @@ def native_child_main(plan: ChildPlan, payload: bytes, flags: int, *, reseeded: 
         if not reseeded:
             _reseed()
         if flags < 0:
-            request = Request.decode(payload)
+            request = ChildRequest.decode(payload)
             record_fd = _start(plan, request, plan.env)
         else:
             auto_print = bool(flags & contract.FLAG_AUTO_PRINT)
             rich = bool(flags & contract.FLAG_RICH_TRACEBACKS)
-            request = Request(payload, auto_print, 0, 0, 0, 0, rich)
+            request = ChildRequest(payload, auto_print, 0, 0, 0, 0, rich)
             record_fd = None
             if plan.mode == "spawn":
                 _exec_interpreter(request, None, plan.env)
@@ -127,7 +127,7 @@ def native_child_main(plan: ChildPlan, payload: bytes, flags: int, *, reseeded: 
     _run(request, record_fd)
 
 
-def _start(plan: ChildPlan, request: Request, env: dict[str, str]) -> int | None:
+def _start(plan: ChildPlan, request: ChildRequest, env: dict[str, str]) -> int | None:
     """Inputs, limits, "ready"; spawn mode execs its interpreter here. Returns the
     cells' record fd."""
     inputs.write_files(request.files)  # before the limits: their size was checked
@@ -142,7 +142,7 @@ def _start(plan: ChildPlan, request: Request, env: dict[str, str]) -> int | None
     return record_fd
 
 
-def _run(request: Request, record_fd: int | None) -> NoReturn:
+def _run(request: ChildRequest, record_fd: int | None) -> NoReturn:
     if request.context:
         context_child.serve(_reseed)
     if request.cells is not None:
@@ -202,7 +202,7 @@ assert _HEAD.size == contract.HEAD_SIZE
 
 
 @dataclass(frozen=True)
-class Request:
+class ChildRequest:
     """A waiting child's request: the source, its inputs and its limits, already checked
     and reduced to what the child applies (no Limits to decode here)."""
 
@@ -244,7 +244,7 @@ class Request:
         return head + code + extra
 
     @classmethod
-    def decode(cls, data: bytes) -> Request:
+    def decode(cls, data: bytes) -> ChildRequest:
         code_len, extra_len, cpu_s, memory_mb, max_file_mb, max_procs, auto, rich = (
             _HEAD.unpack_from(data)
         )
@@ -266,7 +266,7 @@ class Request:
         )
 
 
-def _read_request() -> Request | None:
+def _read_request() -> ChildRequest | None:
     data = bytearray()
     need = _HEAD.size
     while len(data) < need:
@@ -277,7 +277,7 @@ def _read_request() -> Request | None:
         if need == _HEAD.size and len(data) >= need:
             code_len, extra_len = _HEAD.unpack_from(data)[:2]
             need += code_len + extra_len
-    return Request.decode(bytes(data))
+    return ChildRequest.decode(bytes(data))
 
 
 def _nproc_headroom(plan: ChildPlan) -> int:
@@ -309,7 +309,7 @@ def uid_tasks(uid: int) -> int:
     return count
 
 
-def _apply_limits(limits: Request, vm_baseline_bytes: int, *, nproc_headroom: int) -> None:
+def _apply_limits(limits: ChildRequest, vm_baseline_bytes: int, *, nproc_headroom: int) -> None:
     cpu_s = limits.cpu_s
     # A context moves its soft CPU limit before each call (context_child.py): the hard
     # one stays open, since an unprivileged process can never raise it again.
@@ -350,7 +350,9 @@ def _reseed() -> None:
         numpy_random.seed(key)
 
 
-def _exec_interpreter(request: Request, record_fd: int | None, env: dict[str, str]) -> NoReturn:
+def _exec_interpreter(
+    request: ChildRequest, record_fd: int | None, env: dict[str, str]
+) -> NoReturn:
     source = json.dumps(request.cells).encode() if request.cells is not None else request.code
     source_fd = os.memfd_create("codepool-source", 0)
     os.write(source_fd, source)

@@ -26,7 +26,7 @@ READY = b"R"
 
 # What the supervisor sends a waiting child: a fixed header (code bytes, inputs bytes,
 # cpu_s, memory_mb, max_file_mb, max_procs, flags...), the code, and its inputs as
-# msgpack when it has any (child.Request).
+# msgpack when it has any (child.ChildRequest).
 HEAD_FORMAT = "!IIIIIIBB"
 HEAD_SIZE = 26
 FLAG_AUTO_PRINT = 1  # the flags a plain request reaches snippet.run_snippet with

@@ -15,7 +15,7 @@ Messages (maps, key ``t`` is the type):
   supervisor -> client  ``withdrawn`` {ids: [id]}: the requests dropped or killed, of
                         which no result will come
   supervisor -> child   a struct header, the code, and its inputs as msgpack when it has
-                        any (see child.Request: no msgpack for a plain snippet's child)
+                        any (see child.ChildRequest: no msgpack for a plain snippet's child)
   child -> supervisor   "R" (ready), with the work dir's fd when files are fetched and
                         the notebook record fd for cells (SCM_RIGHTS)
   supervisor -> zygote  CLONE_REQUEST: the child's uid (-1: none), then the work dir the

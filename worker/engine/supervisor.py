@@ -46,7 +46,7 @@ from codepool.worker.engine import (
     routing,
     shm,
 )
-from codepool.worker.engine.child import Request as ChildRequest
+from codepool.worker.engine.child import ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
 from codepool.worker.engine.contract import READY
 from codepool.worker.engine.protocol import (
