@@ -153,10 +153,8 @@ class Service:
         except (ValueError, UnicodeDecodeError) as exc:
             raise HTTPException(400, f"the body is not JSON: {exc}") from None
 
-    async def hold(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Await ``work()`` as one of the calls this server has in flight (a context's call,
-        say): refused with a 503 while the server stops or beyond ``max_in_flight``, and
-        answered with a 503 when ``give_up`` comes first."""
+    def _admit(self) -> None:
+        """Refuse a new call with a 503 while the server stops or at ``max_in_flight``."""
         if self.draining:
             raise HTTPException(503, STOPPING)
         if self.in_flight >= self.max_in_flight:
@@ -165,6 +163,12 @@ class Service:
                 f"busy: {self.in_flight} requests in flight; retry later",
                 headers={"Retry-After": "1"},
             )
+
+    async def hold(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Await ``work()`` as one of the calls this server has in flight (a context's call,
+        say): refused with a 503 while the server stops or beyond ``max_in_flight``, and
+        answered with a 503 when ``give_up`` comes first."""
+        self._admit()
         self.in_flight += 1
         task = asyncio.current_task()
         if task is not None:
@@ -182,14 +186,7 @@ class Service:
 
     async def run(self, call: RequestedRun, request: Request) -> ExecResult | None:
         """The call's result; None if its client left first (the call is cancelled)."""
-        if self.draining:
-            raise HTTPException(503, STOPPING)
-        if self.in_flight >= self.max_in_flight:
-            raise HTTPException(
-                503,
-                f"busy: {self.in_flight} requests in flight; retry later",
-                headers={"Retry-After": "1"},
-            )
+        self._admit()
         self._look_at_slots()
         budget_s = start_budget_s(
             header=request.headers.get(TIMEOUT_HEADER),

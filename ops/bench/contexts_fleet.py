@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from contextlib import contextmanager
 import redis
 
 from codepool.common import rq_records
+from codepool.ops.bench.e2e import stop_worker
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import RemoteSandbox
 from codepool.worker.engine.executor import LocalExecutor
@@ -76,16 +76,7 @@ def worker_host(url: str) -> Iterator[None]:
         client.close()
         yield
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+        stop_worker(process)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

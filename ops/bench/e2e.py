@@ -238,10 +238,11 @@ def worker_process(url: str, workdir: str) -> Iterator[subprocess.Popen[bytes]]:
         print(_tail(log_path, 40), file=sys.stderr)
         raise
     finally:
-        _stop_worker(process)
+        stop_worker(process)
 
 
-def _stop_worker(process: subprocess.Popen[bytes]) -> None:
+def stop_worker(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a worker host started in its own session, then SIGKILL its group."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

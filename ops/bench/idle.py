@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from codepool.common import rq_records
-from codepool.ops.bench.e2e import calls_between, redis_calls, redis_cpu_s
+from codepool.ops.bench.e2e import calls_between, redis_calls, redis_cpu_s, stop_worker
 from codepool.ops.redis_server import RedisServer
 
 TARGET_COMMANDS_S = 5.0
@@ -97,17 +96,7 @@ def _measure(url: str, client: redis.Redis, slots: int, window_s: float, floor: 
         cpu_ms_s = max(0.0, (cpu_after - cpu_before) / elapsed - floor) * 1000
         return Idle(slots, sum(rates.values()), cpu_ms_s, rates, connections)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+        stop_worker(process)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
