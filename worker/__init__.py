@@ -1,7 +1,7 @@
 """The worker side: the host executor (worker/engine: supervisor, zygotes, limits,
 isolation), the worker host and its RQ dispatchers, leases and result writers.
 
-Imports are lazy so the spawn-mode runner (``-m codepool.worker.engine.snippet``) starts
+Imports are lazy so the spawn-mode runner (worker/engine/spawn_entry.py) starts
 without loading the executor's machinery.
 """
 

@@ -240,7 +240,7 @@ def test_randomness_is_fresh_per_snippet(executor: LocalExecutor) -> None:
 
 def test_the_waiting_childs_warm_up_leaves_no_trace(executor: LocalExecutor) -> None:
     # A forked child compiles and runs a small snippet while it waits for its request
-    # (snippet.warm_up); the snippet then finds what a fresh interpreter would (spawn
+    # (runtime.warm_up); the snippet then finds what a fresh interpreter would (spawn
     # mode runs none), whichever zygote it comes from.
     code = (
         "import sys, builtins\n"

@@ -12,7 +12,7 @@
  * said, or, for a request with inputs (files, stdin, cells), (whole request, -1) before
  * its limits, for the Python side to finish. Any set-up failure writes one line to the
  * child's stderr and exits 126, as child_main's does. say_done() tells the supervisor a
- * snippet's end before its exit's teardown (snippet.finish). Built when a compiler is there;
+ * snippet's end before its exit's teardown (runtime.finish). Built when a compiler is there;
  * without it zygote.py runs the Python loop.
  */
 #define PY_SSIZE_T_CLEAN
@@ -577,7 +577,7 @@ static PyObject *serve(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     p.warm = warm == Py_None ? NULL : warm; /* the caller's reference outlives serve */
-    /* The caller set the snippets' signal dispositions (snippet.reference_signals). */
+    /* The caller set the snippets' signal dispositions (runtime.reference_signals). */
     struct sigaction ignore;
     memset(&ignore, 0, sizeof ignore);
     ignore.sa_handler = SIG_IGN;

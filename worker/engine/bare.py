@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from codepool.worker.engine import contract, snippet
+from codepool.worker.engine import contract, runtime
 
 # ``python -B -c``, as the reference's snippets see it; the cwd is not searched.
 BOOT = "import sys; del sys.path[0]; from codepool.worker.engine import bare; bare.main()"
@@ -58,20 +58,20 @@ def main() -> NoReturn:
     carrier = int(sys.argv[1])
     arguments = marshal.loads(os.pread(carrier, 1 << 24, 0))
     os.close(carrier)
-    snippet.prepare(snippet.Fresh.create())
+    runtime.prepare(runtime.Fresh.create())
     gc.collect()
     gc.freeze()  # as in any zygote: the collector leaves the shared pages alone
     arguments["vm_baseline"] = vm_size_bytes()  # this image's, not the one before exec
-    snippet.done_notice = _nativechild.say_done
-    snippet.reference_signals()  # the children's; serve() ignores SIGINT here
-    got = _nativechild.serve(**arguments, warm=snippet.warm_up)
+    runtime.done_notice = _nativechild.say_done
+    runtime.reference_signals()  # the children's; serve() ignores SIGINT here
+    got = _nativechild.serve(**arguments, warm=runtime.warm_up)
     if got is None:
         os._exit(0)  # the supervisor is gone
     payload, flags = got
     if flags < 0:  # a request with inputs: never routed here
         os.write(2, b"codepool: a request with inputs reached the bare zygote\n")
         os._exit(contract.SETUP_FAILED_EXIT)
-    snippet.run_snippet(
+    runtime.run_snippet(
         payload,
         auto_print=bool(flags & contract.FLAG_AUTO_PRINT),
         rich=bool(flags & contract.FLAG_RICH_TRACEBACKS),

@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from codepool.common.autoprint import compile_snippet
-from codepool.worker.engine.snippet import (
+from codepool.worker.engine.runtime import (
     finish,
     finish_threads_and_atexit,
     format_exception,

@@ -31,9 +31,10 @@ from codepool.worker.engine import (
     isolation,
     landlock,
     linux,
+    runtime,
     seccomp,
     shm,
-    snippet,
+    spawn_entry,
 )
 from codepool.worker.engine.contract import MAX_OPEN_FILES, READY, REQUEST_FD
 
@@ -49,7 +50,7 @@ class ChildPlan:
     env: dict[str, str]
     vm_baseline_bytes: int
     fallback_dir: str | None
-    fresh: snippet.Fresh | None  # fork mode: made once in the zygote
+    fresh: runtime.Fresh | None  # fork mode: made once in the zygote
     guard: landlock.Plan  # the second layer, whatever the namespaces: files, TCP, scope
     syscalls: seccomp.Filter  # and its syscall half
     # Processes of the snippet's uid that are not its own but count against its limit:
@@ -64,7 +65,7 @@ def child_main(plan: ChildPlan, fds: list[int]) -> NoReturn:
     done pipe (contract.DONE_FD); never returns."""
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        snippet.reference_signals()
+        runtime.reference_signals()
         # fds first, so a setup failure lands in the snippet's stderr for the zygote to read.
         _arrange_fds(fds, keep=plan.guard.fd_range)
         cwd = isolation.setup_child(plan.state, plan.uid, plan.disk_mb, plan.fallback_dir)
@@ -81,10 +82,10 @@ def child_main(plan: ChildPlan, fds: list[int]) -> NoReturn:
             os.environ.update(env)
         os.chdir(cwd)
         if plan.fresh is not None:
-            snippet.prepare(plan.fresh)
+            runtime.prepare(plan.fresh)
         _restrict(plan, cwd)
         if plan.mode == "fork":
-            snippet.warm_up()
+            runtime.warm_up()
         request = _read_request()
         if request is None:  # the zygote went away or discarded this warm child
             os._exit(0)
@@ -104,7 +105,7 @@ def native_child_main(plan: ChildPlan, payload: bytes, flags: int, *, reseeded: 
     if flags >= 0 and plan.mode == "fork" and reseeded:
         # The common case, with nothing more to build: every object made or touched
         # here is pages the child copies.
-        snippet.run_snippet(
+        runtime.run_snippet(
             payload,
             auto_print=bool(flags & contract.FLAG_AUTO_PRINT),
             rich=bool(flags & contract.FLAG_RICH_TRACEBACKS),
@@ -149,7 +150,7 @@ def _run(request: ChildRequest, record_fd: int | None) -> NoReturn:
         cells.run_cells(
             request.cells, request.cell_timeout_s, record_fd, rich=request.rich_tracebacks
         )
-    snippet.run_snippet(request.code, auto_print=request.auto_print, rich=request.rich_tracebacks)
+    runtime.run_snippet(request.code, auto_print=request.auto_print, rich=request.rich_tracebacks)
 
 
 def _setup_failed() -> NoReturn:
@@ -357,9 +358,9 @@ def _exec_interpreter(
     source_fd = os.memfd_create("codepool-source", 0)
     os.write(source_fd, source)
     os.lseek(source_fd, 0, os.SEEK_SET)
-    os.dup2(source_fd, snippet.CODE_FD)
+    os.dup2(source_fd, spawn_entry.CODE_FD)
     os.close(source_fd)
-    argv = [sys.executable, "-B", "-c", snippet.SPAWN_BOOT]
+    argv = [sys.executable, "-B", "-c", spawn_entry.SPAWN_BOOT]
     if request.auto_print:
         argv.append("--auto-print")
     if request.rich_tracebacks:

@@ -16,7 +16,7 @@ context is not its own child. The supervisor kills R when the family's last cont
 ended; with a PID namespace that takes anything a call detached along with it.
 
 Calls. An interpreter reads orders on its control socket (fd 3). A call runs in the
-process's one ``__main__`` with snippet.run_main (so tracebacks, auto-print and exit codes
+process's one ``__main__`` with runtime.run_main (so tracebacks, auto-print and exit codes
 are exactly a snippet's), under a CPU limit moved to "used so far + the call's CPU
 seconds" (the hard limit stays open so the next call can move it again), then flushes
 and answers ``E``. Its output files are the context's own memfds, which the supervisor
@@ -49,7 +49,7 @@ import sys
 from typing import NoReturn
 
 from codepool.common.autoprint import FILENAME
-from codepool.worker.engine import context_spare, context_wire, contract, linux, snippet
+from codepool.worker.engine import context_spare, context_wire, contract, linux, runtime
 from codepool.worker.engine.contract import DONE_FD, REQUEST_FD
 
 CLONE_PARENT = 0x00008000
@@ -132,9 +132,9 @@ class _Interpreter:
         resource.setrlimit(resource.RLIMIT_CPU, (int(own) + 1 + cpu_s, resource.RLIM_INFINITY))
         rich = bool(flags & contract.FLAG_RICH_TRACEBACKS)
         if rich:
-            snippet.remember_source(FILENAME, code)
+            runtime.remember_source(FILENAME, code)
         sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", os.fsdecode(code)]
-        rc = snippet.run_main(
+        rc = runtime.run_main(
             code, self.main, auto_print=bool(flags & contract.FLAG_AUTO_PRINT), rich=rich
         )
         _flush()

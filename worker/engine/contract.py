@@ -2,7 +2,7 @@
 
 A child is set up by one of two implementations of the same steps: _nativechild.c (the
 common case) or child.py (where no compiler was, or no PID namespace), and a snippet
-ends through snippet.finish in either. Every number both sides use is here; the C module
+ends through runtime.finish in either. Every number both sides use is here; the C module
 exports its own copies as ``_nativechild.CONTRACT`` and native.py refuses a build whose
 copies differ from these (tests/worker/test_child_contract.py fails on any difference),
 so a constant changed on one side by hand fails a test instead of a user.
@@ -29,7 +29,7 @@ READY = b"R"
 # msgpack when it has any (child.ChildRequest).
 HEAD_FORMAT = "!IIIIIIBB"
 HEAD_SIZE = 26
-FLAG_AUTO_PRINT = 1  # the flags a plain request reaches snippet.run_snippet with
+FLAG_AUTO_PRINT = 1  # the flags a plain request reaches runtime.run_snippet with
 FLAG_RICH_TRACEBACKS = 2
 
 # The done notice (done.py): exit code (negative: the signal that ended it, as a

@@ -2,7 +2,7 @@
 exit's teardown of its image (a millisecond or more on a light image, several on a
 heavy one) has run.
 
-Children say it on a pipe (snippet.finish: exit code, CPU and peak RSS), in both modes. A
+Children say it on a pipe (runtime.finish: exit code, CPU and peak RSS), in both modes. A
 snippet can write one itself, or garble it: the first ends it there, as its own
 os._exit would, and the second leaves the supervisor waiting for the exit, as before.
 A notice is acted on only with a PID namespace, whose init the child is: killed, it

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from codepool.worker.engine import child, contract, isolation, landlock, linux, snippet
+from codepool.worker.engine import child, contract, isolation, landlock, linux, runtime
 from codepool.worker.engine.child import ChildPlan
 
 _module: ModuleType | None
@@ -138,9 +138,9 @@ def serve(
     """The clone loop (see _nativechild.c): None in the zygote once the supervisor is
     gone; in each child, what child.native_child_main takes. ``seeds``: generators()."""
     assert _module is not None
-    snippet.done_notice = _module.say_done
+    runtime.done_notice = _module.say_done
     result: tuple[bytes, int] | None = _module.serve(
-        **serve_arguments(control.fileno(), clone_flags, plan, seeds), warm=snippet.warm_up
+        **serve_arguments(control.fileno(), clone_flags, plan, seeds), warm=runtime.warm_up
     )
     return result
 

@@ -32,8 +32,8 @@ from codepool.worker.engine import (
     linux,
     native,
     protections,
+    runtime,
     seccomp,
-    snippet,
 )
 from codepool.worker.engine.child import ChildPlan, child_main, native_child_main
 from codepool.worker.engine.config import ZygoteConfig, enter
@@ -121,7 +121,7 @@ def prepare(config: ZygoteConfig) -> Prepared:
         config.env,
         bare.vm_size_bytes(),
         None,
-        snippet.Fresh.create() if config.mode == "fork" else None,
+        runtime.Fresh.create() if config.mode == "fork" else None,
         guard,
         syscalls,
         # The zygote, two waiting children and the other running snippets.
@@ -159,7 +159,7 @@ def clone_on_request(config: ZygoteConfig, control: socket.socket, ready: Prepar
                 log.warning("the bare zygote serves from its full image: %s", exc)
         serve_natively(control, flags, ready)
         return
-    snippet.done_notice = snippet.say_done
+    runtime.done_notice = runtime.say_done
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(control, 4096, 4)
@@ -191,8 +191,8 @@ def serve_natively(control: socket.socket, flags: int, ready: Prepared) -> None:
     if plan.fresh is not None:
         # Once here rather than in every child: the children are copies of this state,
         # and the zygote runs no Python that reads it until the loop ends.
-        snippet.prepare(plan.fresh)
-    snippet.reference_signals()  # the children's; serve() ignores SIGINT here
+        runtime.prepare(plan.fresh)
+    runtime.reference_signals()  # the children's; serve() ignores SIGINT here
     got = native.serve(control, flags, plan, ready.seeds)
     if got is None:
         return  # the supervisor is gone

@@ -1,14 +1,14 @@
 """Run one snippet as ``python -c`` would, inside an already isolated child.
 
 Fork mode calls :func:`run_snippet` in the forked child; spawn mode runs it in a fresh
-interpreter (``python -B -c SPAWN_BOOT``) with the source on fd 3. Either way the
-snippet sees what ``python -B -c`` would show it: a ``__main__`` and stdio made as
-Python makes them, no frame of the harness below its own (``_nativechild.run_main``),
-the signal dispositions of a fresh interpreter, errors printed by ``sys.excepthook``
-(so "Did you mean" and the rest of the interpreter's own wording), and an end as
-Python's: threads waited for, atexit run, the exit code (or the signal, after an
-unhandled KeyboardInterrupt). Its frames are named ``<sandbox>``. What still differs
-from the reference, and why, is listed in the README.
+interpreter (spawn_entry.py). Either way the snippet sees what ``python -B -c`` would
+show it: a ``__main__`` and stdio made as Python makes them, no frame of the harness
+below its own (``_nativechild.run_main``), the signal dispositions of a fresh
+interpreter, errors printed by ``sys.excepthook`` (so "Did you mean" and the rest of
+the interpreter's own wording), and an end as Python's: threads waited for, atexit run,
+the exit code (or the signal, after an unhandled KeyboardInterrupt). Its frames are
+named ``<sandbox>``. What still differs from the reference, and why, is listed in the
+README.
 """
 
 from __future__ import annotations
@@ -35,12 +35,6 @@ except ImportError:  # no compiler at install time: the harness's frames show be
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-CODE_FD = contract.REQUEST_FD  # spawn mode: the source, where the request socket was
-# Spawn mode's interpreter: as the reference's, ``python -B -c``; the work dir, the
-# snippet's own files, is not searched for the runner's modules.
-SPAWN_BOOT = (
-    "import sys; del sys.path[0]; from codepool.worker.engine import snippet; snippet.main()"
-)
 # What finish calls with the exit code first, to tell the supervisor the snippet ended
 # before the exit's teardown of the image (a millisecond or more; see done.py): say_done,
 # or _nativechild.say_done where the C module was built. A snippet can write a notice
@@ -349,38 +343,3 @@ def _with_suggestion(text: str, exc: BaseException, tb: types.TracebackType | No
     head, _, _ = text.rstrip("\n").rpartition("\n")
     last = said.getvalue().rstrip("\n").rpartition("\n")[2]
     return f"{head}\n{last}\n" if head else f"{last}\n"
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
-
-
-def main() -> NoReturn:
-    """Spawn-mode entry: source on fd 3 (notebook cells: a JSON list, records to fd 4),
-    flags on the command line: ``--auto-print``, ``--rich-tracebacks``,
-    ``--cells CELL_TIMEOUT_S`` (empty: none)."""
-    source = _read_all(CODE_FD)
-    flags = sys.argv[1:]
-    rich = "--rich-tracebacks" in flags
-    # This interpreter's own streams and fresh __main__: made as the reference's are.
-    main = fresh_main()
-    prepare(Fresh(main=main, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr))
-    global done_notice
-    done_notice = say_done
-    if "--cells" in flags:
-        import json
-
-        from codepool.worker.engine import cells
-
-        timeout = flags[flags.index("--cells") + 1]
-        cell_timeout_s = float(timeout) if timeout else None
-        cells.run_cells(json.loads(source), cell_timeout_s, contract.RECORD_FD, rich=rich)
-    run_snippet(source, auto_print="--auto-print" in flags, rich=rich)
-
-
-if __name__ == "__main__":
-    main()
