@@ -30,7 +30,7 @@ def _read_all(fd: int) -> bytes:
 
 
 def main() -> NoReturn:
-    """Source on fd 3 (notebook cells: a JSON list, records to fd 4), flags on the
+    """Source on fd 3 (notebook cells: a JSON list, records to fd 5), flags on the
     command line: ``--auto-print``, ``--rich-tracebacks``, ``--cells CELL_TIMEOUT_S``
     (empty: none)."""
     source = _read_all(CODE_FD)
