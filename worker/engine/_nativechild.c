@@ -47,7 +47,18 @@
 #define SETUP_FAILED_EXIT 126
 #define MAX_OPEN_FILES 256
 #define READY 'R'
-#define HEAD_SIZE 26 /* contract.HEAD_FORMAT */
+/* The request header, contract.HEAD_FORMAT: each field at its offset, read by u32_at
+ * (an "I") or as one byte (a "B"). */
+#define HEAD_FORMAT "!IIIIIIBB"
+#define HEAD_SIZE 26
+#define HEAD_CODE_LEN 0
+#define HEAD_EXTRA_LEN 4
+#define HEAD_CPU_S 8
+#define HEAD_MEMORY_MB 12
+#define HEAD_MAX_FILE_MB 16
+#define HEAD_MAX_PROCS 20
+#define HEAD_AUTO_PRINT 24
+#define HEAD_RICH_TRACEBACKS 25
 #define FLAG_AUTO_PRINT 1
 #define FLAG_RICH_TRACEBACKS 2
 #define DONE_MAGIC 0x454e4f44u /* "DONE" */
@@ -317,9 +328,9 @@ static int read_full(int fd, char *buf, size_t len) {
     return 1;
 }
 
-static uint32_t field(const unsigned char *head, int i) {
+static uint32_t u32_at(const unsigned char *head, int offset) {
     uint32_t v;
-    memcpy(&v, head + 4 * i, 4);
+    memcpy(&v, head + offset, 4);
     return ntohl(v);
 }
 
@@ -373,7 +384,7 @@ static PyObject *child(const struct plan *p, int control, int uid, int fds[4]) {
     unsigned char head[HEAD_SIZE];
     if (!read_full(REQUEST_FD, (char *)head, HEAD_SIZE))
         _exit(0); /* the zygote went away or discarded this warm child */
-    uint32_t code_len = field(head, 0), extra_len = field(head, 1);
+    uint32_t code_len = u32_at(head, HEAD_CODE_LEN), extra_len = u32_at(head, HEAD_EXTRA_LEN);
     if (code_len > (1u << 30) || extra_len > (1u << 30))
         fail("request", EMSGSIZE);
     if (extra_len) {
@@ -391,8 +402,8 @@ static PyObject *child(const struct plan *p, int control, int uid, int fds[4]) {
         fail("request", ENOMEM);
     if (!read_full(REQUEST_FD, PyBytes_AS_STRING(code), code_len))
         _exit(0);
-    rlim_t cpu_s = field(head, 2), memory_mb = field(head, 3), file_mb = field(head, 4);
-    rlim_t procs = field(head, 5);
+    rlim_t cpu_s = u32_at(head, HEAD_CPU_S), memory_mb = u32_at(head, HEAD_MEMORY_MB);
+    rlim_t file_mb = u32_at(head, HEAD_MAX_FILE_MB), procs = u32_at(head, HEAD_MAX_PROCS);
     struct rlimit cpu = {cpu_s, cpu_s + 1};
     check(setrlimit(RLIMIT_CPU, &cpu), "RLIMIT_CPU");
     set_limit(RLIMIT_AS, p->vm_baseline + (memory_mb << 20), "RLIMIT_AS");
@@ -407,8 +418,8 @@ static PyObject *child(const struct plan *p, int control, int uid, int fds[4]) {
             fail("say ready", errno);
     if (!p->spawn) /* spawn: the source takes its place (child._exec_interpreter) */
         close(REQUEST_FD);
-    int flags = head[24] ? FLAG_AUTO_PRINT : 0;
-    flags |= head[25] ? FLAG_RICH_TRACEBACKS : 0;
+    int flags = head[HEAD_AUTO_PRINT] ? FLAG_AUTO_PRINT : 0;
+    flags |= head[HEAD_RICH_TRACEBACKS] ? FLAG_RICH_TRACEBACKS : 0;
     return Py_BuildValue("(Ni)", code, flags);
 }
 
@@ -748,17 +759,54 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nativechild",
 
 /* CONTRACT: this build's copy of every constant contract.py defines for both sides. */
 static PyObject *contract(void) {
+    PyObject *dict = PyDict_New();
 #ifdef __linux__
-    return Py_BuildValue(
-        "{sisisisisisisisisisksisisi}", "REQUEST_FD", REQUEST_FD, "DONE_FD", DONE_FD,
-        "SETUP_FAILED_EXIT", SETUP_FAILED_EXIT, "MAX_OPEN_FILES", MAX_OPEN_FILES, "READY",
-        READY, "HEAD_SIZE", HEAD_SIZE, "FLAG_AUTO_PRINT", FLAG_AUTO_PRINT,
-        "FLAG_RICH_TRACEBACKS", FLAG_RICH_TRACEBACKS, "DONE_SIZE", DONE_SIZE, "DONE_MAGIC",
-        (unsigned long)DONE_MAGIC, "FIRST_PID", FIRST_PID, "MT_WORDS", MT_WORDS, "NATIVE_ABI",
-        NATIVE_ABI);
-#else
-    return PyDict_New();
+    static const struct {
+        const char *name;
+        long long value;
+    } numbers[] = {
+        {"REQUEST_FD", REQUEST_FD},
+        {"DONE_FD", DONE_FD},
+        {"SETUP_FAILED_EXIT", SETUP_FAILED_EXIT},
+        {"MAX_OPEN_FILES", MAX_OPEN_FILES},
+        {"READY", READY},
+        {"HEAD_SIZE", HEAD_SIZE},
+        {"HEAD_CODE_LEN", HEAD_CODE_LEN},
+        {"HEAD_EXTRA_LEN", HEAD_EXTRA_LEN},
+        {"HEAD_CPU_S", HEAD_CPU_S},
+        {"HEAD_MEMORY_MB", HEAD_MEMORY_MB},
+        {"HEAD_MAX_FILE_MB", HEAD_MAX_FILE_MB},
+        {"HEAD_MAX_PROCS", HEAD_MAX_PROCS},
+        {"HEAD_AUTO_PRINT", HEAD_AUTO_PRINT},
+        {"HEAD_RICH_TRACEBACKS", HEAD_RICH_TRACEBACKS},
+        {"FLAG_AUTO_PRINT", FLAG_AUTO_PRINT},
+        {"FLAG_RICH_TRACEBACKS", FLAG_RICH_TRACEBACKS},
+        {"DONE_SIZE", DONE_SIZE},
+        {"DONE_MAGIC", DONE_MAGIC},
+        {"FIRST_PID", FIRST_PID},
+        {"MT_WORDS", MT_WORDS},
+        {"NATIVE_ABI", NATIVE_ABI},
+    };
+    if (dict == NULL)
+        return NULL;
+    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
+        PyObject *value = PyLong_FromLongLong(numbers[i].value);
+        if (value == NULL || PyDict_SetItemString(dict, numbers[i].name, value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(dict);
+            return NULL;
+        }
+        Py_DECREF(value);
+    }
+    PyObject *format = PyUnicode_FromString(HEAD_FORMAT);
+    if (format == NULL || PyDict_SetItemString(dict, "HEAD_FORMAT", format) < 0) {
+        Py_XDECREF(format);
+        Py_DECREF(dict);
+        return NULL;
+    }
+    Py_DECREF(format);
 #endif
+    return dict;
 }
 
 PyMODINIT_FUNC PyInit__nativechild(void) {

@@ -200,6 +200,10 @@ def _arrange_fds(fds: list[int], *, keep: range) -> None:
 # faults in, and most snippets have no inputs.
 _HEAD = struct.Struct(contract.HEAD_FORMAT)
 assert _HEAD.size == contract.HEAD_SIZE
+# The offsets the C set-up reads the fields at are where this format packs them.
+assert list(contract.HEAD_OFFSETS.values()) == [
+    struct.calcsize(contract.HEAD_FORMAT[: i + 1]) for i in range(len(contract.HEAD_OFFSETS))
+]
 
 
 @dataclass(frozen=True)

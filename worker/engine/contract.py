@@ -2,9 +2,11 @@
 
 A child is set up by one of two implementations of the same steps: _nativechild.c (the
 common case) or child.py (where no compiler was, or no PID namespace), and a snippet
-ends through runtime.finish in either. Every number both sides use is here; the C module
-exports its own copies as ``_nativechild.CONTRACT`` and native.py refuses a build whose
-copies differ from these (tests/worker/test_child_contract.py fails on any difference),
+ends through runtime.finish in either. Every number both sides use is here, the request
+header's layout included (its format, and the offset the C side reads each field at);
+the C module exports its own copies as ``_nativechild.CONTRACT`` and native.py refuses a
+build whose copies differ from these (tests/worker/test_child_contract.py fails on any
+difference),
 so a constant changed on one side by hand fails a test instead of a user.
 
 No imports: the bare zygote's image loads this and little else.
@@ -29,6 +31,20 @@ READY = b"R"
 # msgpack when it has any (child.ChildRequest).
 HEAD_FORMAT = "!IIIIIIBB"
 HEAD_SIZE = 26
+# Where each of its fields starts, in bytes, in HEAD_FORMAT's order ("!": big-endian, no
+# padding): the Python side packs and unpacks the whole format, the C side reads each
+# field by these offsets (an "I" as four bytes, a "B" as one), and the two sides' copies
+# are compared like every other constant here.
+HEAD_OFFSETS = {
+    "HEAD_CODE_LEN": 0,
+    "HEAD_EXTRA_LEN": 4,
+    "HEAD_CPU_S": 8,
+    "HEAD_MEMORY_MB": 12,
+    "HEAD_MAX_FILE_MB": 16,
+    "HEAD_MAX_PROCS": 20,
+    "HEAD_AUTO_PRINT": 24,
+    "HEAD_RICH_TRACEBACKS": 25,
+}
 FLAG_AUTO_PRINT = 1  # the flags a plain request reaches runtime.run_snippet with
 FLAG_RICH_TRACEBACKS = 2
 
@@ -56,7 +72,9 @@ SHARED = {
     "SETUP_FAILED_EXIT": SETUP_FAILED_EXIT,
     "MAX_OPEN_FILES": MAX_OPEN_FILES,
     "READY": READY[0],
+    "HEAD_FORMAT": HEAD_FORMAT,
     "HEAD_SIZE": HEAD_SIZE,
+    **HEAD_OFFSETS,
     "FLAG_AUTO_PRINT": FLAG_AUTO_PRINT,
     "FLAG_RICH_TRACEBACKS": FLAG_RICH_TRACEBACKS,
     "DONE_SIZE": DONE_SIZE,
