@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from codepool.common.settings import Settings
 from codepool.ops.bench.process_tree import descendants
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool, RemoteSandbox
+from codepool.producer.pool import CLOSE_TIMEOUT_S
 from tests.conftest import StartWorker, sleeping_below, wait_until
 
 SLEEPER = "import time\ntime.sleep(120)"
@@ -252,10 +254,14 @@ def test_a_close_does_not_wait_for_a_frozen_redis() -> None:
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             closing = [threading.Thread(target=pool.close), threading.Thread(target=sandbox.close)]
+            # The one try (CLOSE_TIMEOUT_S) and a margin for a loaded machine: far below
+            # the socket timeout (30 s) an unbounded close waits, and below the try plus
+            # the 5 s join of the lease thread, which sits in a beat on the frozen Redis.
+            ends = time.monotonic() + CLOSE_TIMEOUT_S + 2.5
             for thread in closing:
                 thread.start()
-            for thread in closing:  # the socket timeout (30 s) is what an unbounded one waits
-                thread.join(timeout=15)
+            for thread in closing:
+                thread.join(timeout=max(0.0, ends - time.monotonic()))
             assert not any(thread.is_alive() for thread in closing), "a close waited for Redis"
             assert call.result(timeout=5).status == "cancelled"
         finally:
