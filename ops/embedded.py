@@ -96,23 +96,8 @@ def _pool_in(home: str, concurrency: int | None, preload: tuple[str, ...]) -> It
         log.info("embedded: private Redis %s", server.binary.describe())
     log_file = open(os.path.join(home, "worker.log"), "wb")
     name = f"embedded-{os.getpid()}"
-    argv = [
-        sys.executable,
-        "-m",
-        "codepool.ops.cli",
-        "worker",
-        "--url",
-        server.url,
-        *(["-c", str(concurrency)] if concurrency else []),
-        "--preload",
-        ",".join(preload),
-        "--name",
-        name,
-        "--drain-timeout",
-        str(WORKER_DRAIN_S),
-    ]
     worker = subprocess.Popen(
-        die_with_parent(argv),
+        die_with_parent(worker_argv(server.url, name, concurrency, preload)),
         stdin=subprocess.DEVNULL,
         stdout=log_file,
         stderr=log_file,
@@ -125,6 +110,29 @@ def _pool_in(home: str, concurrency: int | None, preload: tuple[str, ...]) -> It
         _stop(worker)
         server.close()
         log_file.close()
+
+
+def worker_argv(
+    url: str, name: str, concurrency: int | None, preload: tuple[str, ...]
+) -> list[str]:
+    """The embedded worker's command line: ``codepool worker`` with ``-c`` only when
+    slots were asked for, so that without it the worker takes the default every command
+    has (the CPUs it may use, common/host_cpus.py), in the process that runs the slots."""
+    return [
+        sys.executable,
+        "-m",
+        "codepool.ops.cli",
+        "worker",
+        "--url",
+        url,
+        *(["-c", str(concurrency)] if concurrency else []),
+        "--preload",
+        ",".join(preload),
+        "--name",
+        name,
+        "--drain-timeout",
+        str(WORKER_DRAIN_S),
+    ]
 
 
 def _wait_ready(url: str, name: str, worker: subprocess.Popen[bytes], log_path: str) -> None:

@@ -139,7 +139,7 @@ def serve_command(args: argparse.Namespace) -> int:
     embedded = (args.url or os.environ.get("REDIS_URL")) is None
     try:
         listener = _listen(args.host, args.port)
-        with ExitStack() as stack:
+        with listener, ExitStack() as stack:  # closed also when the pool cannot start
             try:
                 url = url_or_embedded(stack, args.url, args.concurrency)
                 sandbox = RemoteSandbox(

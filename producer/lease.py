@@ -67,10 +67,13 @@ class ProducerLease:
         with self._lock:
             return {batch_id: run for batch_id, (run, _) in self._in_flight.items()}
 
-    def stop(self) -> None:
-        """Stop renewing, sending nothing more."""
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop renewing, sending nothing more. ``wait``: for a beat under way to end
+        first (so that a last beat sent next comes after it); not with a Redis that
+        failed to answer, where that beat may hang for the socket timeout (the thread
+        is a daemon, and its beat fails once the pool's connections close)."""
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout=5)
 
     def close(self, conn: redis.Redis | None = None) -> None:

@@ -368,7 +368,7 @@ class CodePool:
                 self.name,
                 exc,
             )
-            self.lease.stop()
+            self.lease.stop(wait=False)
         finally:
             quick.close()
         self.conn.close()

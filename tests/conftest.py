@@ -22,6 +22,7 @@ import codepool.common
 import codepool.ops
 import codepool.worker
 from codepool.common.errors import ConfigError
+from codepool.common.process_start import start_ticks
 from codepool.common.reaping import wait_or_kill
 from codepool.ops.bench.process_tree import descendants
 from codepool.ops.redis_server import RedisServer
@@ -116,17 +117,34 @@ def command_lines(containing: str) -> list[str]:
     return [p.cmdline for p in processes() if containing in p.cmdline]
 
 
-def sleeping_below(pid: int) -> int:
-    """How many processes below ``pid`` sit in a timed sleep (a snippet's
-    ``time.sleep``): what tells a snippet that runs from one only claimed."""
-    count = 0
+def sleeping_pids(pid: int) -> dict[int, int]:
+    """Processes below ``pid`` in a timed sleep (a snippet's ``time.sleep``: what tells
+    a snippet that runs from one only claimed), each with its start ticks, so that
+    ``tests.processes.still_running`` can tell when they are gone."""
+    found = {}
     for child in descendants(pid):
         try:
             with open(f"/proc/{child}/wchan") as f:
-                count += "nanosleep" in f.read()
+                asleep = "nanosleep" in f.read()
         except OSError:
             continue
-    return count
+        ticks = start_ticks(child)
+        if asleep and ticks is not None:
+            found[child] = ticks
+    return found
+
+
+def sleeping_below(pid: int) -> int:
+    """How many processes below ``pid`` sit in a timed sleep."""
+    return len(sleeping_pids(pid))
+
+
+# "What runs is killed and its slot freed within about a second" (README, Giving up):
+# the bound the tests hold a cancellation to, from the give-up to the snippet's process
+# gone and its slot serving another snippet. Far below what else would end a sleeper
+# (it asks for 300 s, the worker's ceiling makes it 30 s), and generous against a
+# loaded two-core machine.
+KILLED_WITHIN_S = 5.0
 
 
 def waiting_children(executor: LocalExecutor) -> list[int]:

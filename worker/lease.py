@@ -5,11 +5,13 @@ janitor; each dispatcher reads the outcome from the host's lease board
 (worker/lease_board.py).
 
 A dispatcher is registered under the host's lease once, when it starts. Each host runs
-the janitor's round about every ``live hosts`` beats, at least once a lease, so the
-fleet as a whole looks about once a beat. A dispatcher the host sees die is fenced and
-its claims released at once; one that exits cleanly gave back what it claimed, and is
-unregistered. A host whose lease lapsed (killed, frozen, cut off) is fenced by a
-janitor with all its dispatchers; if it comes back, it stops them and starts afresh.
+the janitor's round about every ``live hosts`` beats, and not more often than about once
+a lease, so a fleet of ``lease_s / heartbeat_s`` hosts or more looks about once a beat,
+a smaller one less often (a lone host about once a lease). A dispatcher the host sees
+die is fenced and its claims released at once; one that exits cleanly gave back what it
+claimed, and is unregistered. A host whose lease lapsed (killed, frozen, cut off) is
+fenced by a janitor with all its dispatchers; if it comes back, it stops them and starts
+afresh.
 
 The dispatcher side keeps what its writer needs (``confirm``): the lease certainly holds
 while the last answered beat is younger than the lease less a margin; after a freeze or
@@ -39,6 +41,16 @@ TRUST_MARGIN_S = 1.5
 # A dispatcher waits this long for its host to take its lease before it gives up.
 HELD_TIMEOUT_S = 30.0
 POLL_S = 0.01
+# A host's janitor's rounds come this many periods apart (``janitor_period_s``), drawn
+# at random, so that the hosts of a fleet do not all look at once.
+JANITOR_SPREAD = (0.5, 1.5)
+
+
+def janitor_period_s(settings: Settings, live_hosts: int) -> float:
+    """A host's mean time between janitor's rounds (seconds): about one round a beat
+    across the fleet, and no host more often than about once a lease (a fleet smaller
+    than ``lease_s / heartbeat_s`` hosts looks less often than once a beat)."""
+    return max(settings.lease_s, live_hosts * settings.heartbeat_s)
 
 
 class HostLease:
@@ -199,9 +211,8 @@ class HostLease:
             self.on_lost(slot)
         if not janitor:
             return
-        # About one round a beat across the fleet, at least one a lease per host.
-        period = max(self.settings.lease_s, self.board.live() * self.settings.heartbeat_s)
-        self._janitor_at = now + period * random.uniform(0.5, 1.5)
+        period = janitor_period_s(self.settings, self.board.live())
+        self._janitor_at = now + period * random.uniform(*JANITOR_SPREAD)
         if trusted and beat.lapsed:
             self.janitor.sweep(beat.lapsed, self.board.live())
         if trusted and beat.lapsed_producers:

@@ -31,8 +31,8 @@ from codepool.ops import sandbox_fusion as protocol
 from codepool.ops.bench.process_tree import descendants
 from codepool.ops.serve_command import LISTENING
 from codepool.ops.server_binary import find_server_binary
-from tests.conftest import StartWorker, sleeping_below, wait_until
-from tests.processes import processes
+from tests.conftest import KILLED_WITHIN_S, StartWorker, sleeping_below, sleeping_pids, wait_until
+from tests.processes import processes, still_running
 
 
 @dataclass
@@ -425,38 +425,47 @@ def counters_of(redis_url: str, run: str) -> dict[str, int]:
 def test_clients_that_give_up_take_their_work_with_them(
     redis_url: str, start_worker: StartWorker, tmp_path: Path
 ) -> None:
-    worker = start_worker(concurrency=2)
+    # One slot: a request after a give-up can only run in the slot the kill frees.
+    worker = start_worker(concurrency=1)
     server = start_serve(tmp_path / "serve.log", "--url", redis_url, "--run", "left")
     pid = worker.process.pid
+
+    def running() -> dict[int, int]:
+        wait_until(lambda: sleeping_below(pid) == 1, timeout_s=30, what="the snippet running")
+        return sleeping_pids(pid)
+
+    def freed(snippet: dict[int, int]) -> None:
+        """The snippet's process is gone and its slot serves the next request, each
+        within KILLED_WITHIN_S of the give-up."""
+        wait_until(lambda: not still_running(snippet), KILLED_WITHIN_S, what="the snippet killed")
+        body = {"code": "print(1)", "language": "python"}
+        lone = post(server, "/run_code", body, timeout=KILLED_WITHIN_S)
+        assert lone.status_code == 200 and lone.json()["run_result"]["stdout"] == "1\n"
+
     try:
         # SandboxFusion's own client, and requests as verl uses it, with read timeouts
         # shorter than the work: each gives up, and its snippet is killed.
         slow = RunCodeRequest(code=SLEEPER, language="python", run_timeout=300)
         clients = [
-            lambda: run_code(slow, endpoint=server.url, max_attempts=1, client_timeout=5),
+            lambda: run_code(slow, endpoint=server.url, max_attempts=1, client_timeout=3),
             lambda: requests.post(
-                f"{server.url}/run_code", json=sleeper_request(), timeout=(10, 5)
+                f"{server.url}/run_code", json=sleeper_request(), timeout=(10, 3)
             ),
         ]
         with ThreadPoolExecutor(1) as thread:
             for client in clients:
                 gave_up = thread.submit(client)
-                wait_until(
-                    lambda: sleeping_below(pid) == 1, timeout_s=30, what="the snippet running"
-                )
+                snippet = running()
                 with pytest.raises(Exception, match="timed out"):
                     gave_up.result()
-                wait_until(lambda: sleeping_below(pid) == 0, what="the snippet killed")
+                freed(snippet)
         # A client that drops its connection: its snippet runs, and is killed.
         dropped = raw_post(server, sleeper_request())
-        wait_until(lambda: sleeping_below(pid) == 1, timeout_s=30, what="the snippet running")
+        snippet = running()
         dropped.close()
-        wait_until(lambda: sleeping_below(pid) == 0, what="the snippet killed")
-        # The pool is free for the next client at once.
-        lone = post(server, "/run_code", {"code": "print(1)", "language": "python"})
-        assert lone.status_code == 200 and lone.json()["run_result"]["stdout"] == "1\n"
+        freed(snippet)
         got = counters_of(redis_url, "left")
-        assert (got["calls"], got["cancelled"]) == (1, 3), got
+        assert (got["calls"], got["cancelled"]) == (3, 3), got
         assert "collecting results failed" not in server.log()
     finally:
         server.process.send_signal(signal.SIGTERM)

@@ -1,8 +1,8 @@
 """Slots default to the CPUs the process may use: a real ``codepool worker`` started
 without ``-c`` under a narrowed CPU affinity (taskset) and inside a cgroup with a CPU
 quota of its own (v2 where the machine offers the cpu controller there, v1 where it is
-bound to a v1 hierarchy), and ``codepool doctor``'s line saying so. Each cgroup the
-test makes is removed afterwards."""
+bound to a v1 hierarchy), ``codepool doctor``'s line saying so, and serve, replay and
+run taking the same default. Each cgroup the test makes is removed afterwards."""
 
 from __future__ import annotations
 
@@ -10,12 +10,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+from codepool.common.errors import ConfigError
 from codepool.common.keys import Keys
+from codepool.ops import embedded, run
+from codepool.ops.cli import main
 from tests.conftest import StartWorker, wait_until
 
 QUOTA_US, PERIOD_US = 150_000, 100_000  # 1.5 CPUs: one slot
@@ -143,6 +149,58 @@ def test_the_default_follows_the_cpu_affinity(redis_url: str, start_worker: Star
     # An explicit -c still wins.
     start_worker(concurrency=3, name="asked", wrap=wrap)
     assert worker_slots(redis_url, "asked") == (3, 3)
+
+
+@contextmanager
+def one_cpu() -> Iterator[None]:
+    """This thread (and what it starts) on one CPU, as under ``taskset -c``: Linux keeps
+    an affinity per thread, and ``default_slots`` reads the calling thread's."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+@needs_two_cpus
+def test_serve_replay_and_run_take_the_same_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """serve's and replay's slots are their embedded worker's, run's its executor's.
+    Their real handlers run here, under one CPU: the embedded pool they ask for notes
+    what they ask (and refuses, so that they stop there: a real one costs seconds), and
+    run's executor notes the slots its supervisor took."""
+    asked: list[int | None] = []
+    slots: list[int] = []
+
+    def noting_pool(concurrency: int | None, preload: tuple[str, ...] = ()) -> Iterator[str]:
+        asked.append(concurrency)
+        raise ConfigError("no pool in this test")
+
+    class NotingExecutor(run.LocalExecutor):
+        def __init__(self, **keywords: Any) -> None:
+            super().__init__(**keywords)
+            slots.append(self.concurrency)
+
+    monkeypatch.setattr(embedded, "embedded_pool", noting_pool)
+    monkeypatch.setattr(run, "LocalExecutor", NotingExecutor)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"code": "print(1)"}\n')
+    with one_cpu():
+        serve_code = main(["serve", "--port", "0"])
+        replay_code = main(["replay", str(source), "-o", str(tmp_path / "out.jsonl")])
+        run_code = main(["run", "-c", "print(1)"])
+    assert (serve_code, replay_code, run_code) == (2, 2, 0)  # serve and replay: no pool
+    assert slots == [1]
+    # serve and replay ask for no number, and the embedded worker is then started
+    # without -c: it takes the default itself, as the first test sees under one CPU.
+    assert asked == [None, None]
+    argv = embedded.worker_argv("redis://unused", "embedded", None, ())
+    assert not {"-c", "--concurrency"} & set(argv)
+    asked_for = embedded.worker_argv("redis://unused", "embedded", 3, ())
+    assert asked_for[asked_for.index("-c") :][:2] == ["-c", "3"]
 
 
 @needs_two_cpus

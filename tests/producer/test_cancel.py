@@ -1,7 +1,9 @@
 """Giving up, end to end: real redis-server, real `codepool worker` processes. A caller
-that gives up (asyncio cancellation, Batch.cancel, a closed sandbox or pool, a producer
-killed -9) frees its slots: what had not started never starts, what ran is killed, none
-of it is written, all of it is counted as cancelled, and batch mates are untouched."""
+that gives up (asyncio cancellation, directly or by wait_for; a cancelled submit future;
+Batch.cancel; a closed sandbox or pool; a producer killed -9) frees its slots: what had
+not started never starts, what ran is killed and its slot serves another snippet within
+KILLED_WITHIN_S (a dead producer's: within its lease and a janitor's round), none of it
+is written, all of it is counted as cancelled, and batch mates are untouched."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from concurrent import futures
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import redis
 from rq import Queue
 from rq.job import Job
@@ -22,33 +27,29 @@ from rq.job import Job
 from codepool.common import codec
 from codepool.common.cancellation import CLOSED_MESSAGE, PRODUCER_LOST_MESSAGE
 from codepool.common.codec import MsgpackSerializer
+from codepool.common.result import ExecResult
 from codepool.common.settings import Settings
-from codepool.ops.bench.process_tree import descendants
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool, RemoteSandbox
-from tests.conftest import StartWorker, sleeping_below, wait_until
+from codepool.producer.pool import CLOSE_TIMEOUT_S
+from codepool.worker.lease import JANITOR_SPREAD, janitor_period_s
+from tests.conftest import (
+    KILLED_WITHIN_S,
+    StartWorker,
+    sleeping_below,
+    sleeping_pids,
+    wait_until,
+)
+from tests.processes import still_running
 
 SLEEPER = "import time\ntime.sleep(120)"
-
-
-def sleeping_pids(pid: int) -> set[int]:
-    """Processes below ``pid`` in a timed sleep: the snippets running ``SLEEPER``."""
-    found = set()
-    for child in descendants(pid):
-        try:
-            with open(f"/proc/{child}/wchan") as f:
-                if "nanosleep" in f.read():
-                    found.add(child)
-        except OSError:
-            continue
-    return found
 
 
 @contextmanager
 def watching_sleepers(pid: int) -> Iterator[set[int]]:
     """Every sleeping snippet seen below ``pid`` while the block runs (polled): a snippet
     given up on before it started must never show up here."""
-    seen: set[int] = sleeping_pids(pid)
+    seen: set[int] = set(sleeping_pids(pid))
     stop = threading.Event()
 
     def watch() -> None:
@@ -114,6 +115,73 @@ def test_a_caller_giving_up_spoils_no_batch_mate(redis_url: str, start_worker: S
     assert got.get("infra", 0) == got.get("error", 0) == 0
 
 
+# Batch mates of a sleeper given up on, and what each must print.
+MATES = [f"print({i} * 7)" for i in range(6)]
+MATE_OUTPUTS = [("ok", f"{i * 7}\n", "") for i in range(6)]
+
+
+def sleepers_hold_both_slots(sandbox: RemoteSandbox, pid: int) -> dict[int, int]:
+    """Once two sleepers run (one alone in its batch, one first in a batch with the
+    mates): their pids. Two batches in flight, and no mate done yet (the caller looks),
+    say that the mates share the second sleeper's batch and can run only in a slot a
+    kill frees."""
+    wait_until(lambda: sleeping_below(pid) == 2, what="both sleepers running")
+    assert len(sandbox.pool.lease.in_flight()) == 2
+    return sleeping_pids(pid)
+
+
+def test_a_task_cancelled_directly_frees_its_slot_and_spoils_no_batch_mate(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    pid = start_worker(concurrency=2).process.pid
+    with RemoteSandbox(redis_url, timeout=300.0, run="task", linger_s=0.2) as sandbox:
+
+        async def main() -> tuple[list[ExecResult], dict[int, int]]:
+            alone = asyncio.create_task(sandbox.arun_code(SLEEPER))
+            # While it is in flight the next calls linger for each other: one batch.
+            in_flight = sandbox.pool.lease.in_flight
+            await asyncio.to_thread(wait_until, lambda: len(in_flight()) == 1)
+            ahead = asyncio.create_task(sandbox.arun_code(SLEEPER))  # of its mates
+            mates = [asyncio.create_task(sandbox.arun_code(code)) for code in MATES]
+            running = await asyncio.to_thread(sleepers_hold_both_slots, sandbox, pid)
+            assert not any(mate.done() for mate in mates)
+            alone.cancel()
+            ahead.cancel()
+            _, late = await asyncio.wait(mates, timeout=KILLED_WITHIN_S)
+            assert not late, "the batch mates did not get the freed slots in time"
+            for task in (alone, ahead):
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            return [mate.result() for mate in mates], running
+
+        results, running = asyncio.run(main())
+    assert [(r.status, r.stdout, r.stderr) for r in results] == MATE_OUTPUTS
+    wait_until(lambda: not still_running(running), KILLED_WITHIN_S, what="both sleepers killed")
+    got = counted(redis_url, "task")
+    assert (got["calls"], got["ok"], got["cancelled"]) == (6, 6, 2), got
+
+
+def test_a_cancelled_submit_future_frees_its_slot_and_spoils_no_batch_mate(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    pid = start_worker(concurrency=2).process.pid
+    with RemoteSandbox(redis_url, timeout=300.0, run="future", linger_s=0.2) as sandbox:
+        alone = sandbox.submit(SLEEPER)
+        wait_until(lambda: len(sandbox.pool.lease.in_flight()) == 1, what="its batch out")
+        ahead = sandbox.submit(SLEEPER)  # of its mates
+        mates = [sandbox.submit(code) for code in MATES]
+        running = sleepers_hold_both_slots(sandbox, pid)
+        assert not any(mate.done() for mate in mates)
+        assert alone.cancel() and ahead.cancel()
+        _, late = futures.wait(mates, timeout=KILLED_WITHIN_S)
+        assert not late, "the batch mates did not get the freed slots in time"
+        results = [mate.result() for mate in mates]
+    assert [(r.status, r.stdout, r.stderr) for r in results] == MATE_OUTPUTS
+    wait_until(lambda: not still_running(running), KILLED_WITHIN_S, what="both sleepers killed")
+    got = counted(redis_url, "future")
+    assert (got["calls"], got["ok"], got["cancelled"]) == (6, 6, 2), got
+
+
 def test_batch_cancel_kills_what_runs_and_starts_nothing_more(
     redis_url: str, start_worker: StartWorker
 ) -> None:
@@ -121,13 +189,15 @@ def test_batch_cancel_kills_what_runs_and_starts_nothing_more(
     pool = CodePool(redis_url)
     batch = pool.submit([SLEEPER] * 6, timeout_s=300, run="gave-up")
     wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
+    running = sleeping_pids(worker.process.pid)
     with watching_sleepers(worker.process.pid) as seen:
         assert batch.cancel() == 6
+        # Both slots are free within the bound: a following snippet has run in one (it
+        # comes back infra if not), and the two that ran are gone.
+        after = pool.submit(["print('next')"], run="after").results(timeout_s=KILLED_WITHIN_S)
+        wait_until(lambda: not still_running(running), KILLED_WITHIN_S, what="both killed")
         results = batch.results(timeout_s=60)
-        wait_until(lambda: sleeping_below(worker.process.pid) == 0, what="both killed")
-        # The slots are free: a following snippet starts at once.
-        after = pool.submit(["print('next')"], run="after").results(timeout_s=60)[0]
-    assert (after.status, after.stdout) == ("ok", "next\n")
+    assert [(r.status, r.stdout) for r in after] == [("ok", "next\n")], after
     assert [r.status for r in results] == ["cancelled"] * 6
     assert len(seen) == 2, "a snippet given up on before it started ran"
     # Nothing of theirs was written: each index holds its cancellation, counted once.
@@ -169,12 +239,12 @@ def test_closing_a_sandbox_or_a_pool_gives_up_on_what_is_in_flight(
     sandbox.close()
     results = [future.result(timeout=60) for future in futures]
     assert [(r.status, r.stderr) for r in results] == [("cancelled", CLOSED_MESSAGE)] * 3
-    wait_until(lambda: sleeping_below(worker.process.pid) == 0, what="both killed")
+    wait_until(lambda: sleeping_below(worker.process.pid) == 0, KILLED_WITHIN_S, what="both killed")
     pool = CodePool(redis_url)
     batch = pool.submit([SLEEPER] * 3, timeout_s=300, run="closed")
     wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
     pool.close()
-    wait_until(lambda: sleeping_below(worker.process.pid) == 0, what="both killed")
+    wait_until(lambda: sleeping_below(worker.process.pid) == 0, KILLED_WITHIN_S, what="both killed")
     assert {status for status, _ in stored(redis_url, batch.id).values()} == {"cancelled"}
     got = counted(redis_url, "closed")
     assert (got.get("calls", 0), got["cancelled"]) == (0, 6), got
@@ -195,6 +265,17 @@ def test_a_killed_producers_batch_is_cancelled_within_its_lease(
     redis_url: str, start_worker: StartWorker, tmp_path: Path
 ) -> None:
     lease = {"CODEPOOL_LEASE_S": "3"}  # producers and workers agree on it
+    settings = Settings.from_env(lease)
+    # The dead producer's lease lapses at most lease_s after its death (its last beat
+    # came before); the lone worker host's next janitor's round comes at most a spread
+    # janitor period after that, at one of its beats; the kill then takes what any
+    # cancellation takes. 13.5 s here, against the 30 s the snippets' timeout would take.
+    cancelled_within_s = (
+        settings.lease_s
+        + JANITOR_SPREAD[1] * janitor_period_s(settings, live_hosts=1)
+        + settings.heartbeat_s
+        + KILLED_WITHIN_S
+    )
     worker = start_worker(concurrency=2, env=lease)
     script = tmp_path / "producer.py"
     script.write_text(PRODUCER.format(code=SLEEPER))
@@ -207,12 +288,13 @@ def test_a_killed_producers_batch_is_cancelled_within_its_lease(
     assert producer.stdout is not None
     batch_id = producer.stdout.readline().strip()
     wait_until(lambda: sleeping_below(worker.process.pid) == 2, what="two snippets running")
+    running = sleeping_pids(worker.process.pid)
     with watching_sleepers(worker.process.pid) as seen:
         producer.kill()
         producer.wait()
         wait_until(
-            lambda: sleeping_below(worker.process.pid) == 0,
-            timeout_s=60,
+            lambda: not still_running(running),
+            timeout_s=cancelled_within_s,
             what="its running snippets killed once its lease lapsed",
         )
     assert len(seen) == 2, "a snippet of the dead producer's started after it died"
@@ -252,10 +334,14 @@ def test_a_close_does_not_wait_for_a_frozen_redis() -> None:
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             closing = [threading.Thread(target=pool.close), threading.Thread(target=sandbox.close)]
+            # The one try (CLOSE_TIMEOUT_S) and a margin for a loaded machine: far below
+            # the socket timeout (30 s) an unbounded close waits, and below the try plus
+            # the 5 s join of the lease thread, which sits in a beat on the frozen Redis.
+            ends = time.monotonic() + CLOSE_TIMEOUT_S + 2.5
             for thread in closing:
                 thread.start()
-            for thread in closing:  # the socket timeout (30 s) is what an unbounded one waits
-                thread.join(timeout=15)
+            for thread in closing:
+                thread.join(timeout=max(0.0, ends - time.monotonic()))
             assert not any(thread.is_alive() for thread in closing), "a close waited for Redis"
             assert call.result(timeout=5).status == "cancelled"
         finally:
