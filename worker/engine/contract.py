@@ -6,8 +6,7 @@ ends through runtime.finish in either. Every number both sides use is here, the 
 header's layout included (its format, and the offset the C side reads each field at);
 the C module exports its own copies as ``_nativechild.CONTRACT`` and native.py refuses a
 build whose copies differ from these (tests/worker/test_child_contract.py fails on any
-difference),
-so a constant changed on one side by hand fails a test instead of a user.
+difference), so a constant changed on one side by hand fails a test instead of a user.
 
 No imports: the bare zygote's image loads this and little else.
 """
