@@ -18,8 +18,11 @@ demo: $(BIN)/codepool
 	mkdir -p build && rm -f build/replay.jsonl
 	$(BIN)/codepool replay ops/examples/rollouts.jsonl -o build/replay.jsonl --timeout 3 --compare --report build/replay.html
 
+# Test files are spread over TEST_WORKERS processes, each file's tests kept on one (their
+# module fixtures are made once); every test starts its own servers on free ports.
+TEST_WORKERS ?= 2
 test: $(BIN)/codepool
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(BIN)/codepool
 	$(BIN)/python ops/bench/executor.py
