@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import requests
 
-from codepool.common.settings import DEFAULT_DRAIN_S
 from codepool.common.socket_dirs import socket_bases
 from codepool.ops.embedded import HOME_PREFIX, sweep_leftovers
 from codepool.worker.host import HOST_DIR_PREFIX
@@ -34,6 +33,9 @@ from tests.processes import processes, still_running, tree
 
 BACKLOG = 20  # requests of `while True: pass`, 10 s each, on 2 slots: 100 s of work
 MARGIN_S = 10.0  # beyond the drain deadline, for a loaded machine
+# The deadline serve and replay are given here: the default (10 s) works alike, only
+# later; a shorter one also shows the flag is obeyed.
+DRAIN_S = 3.0
 KILLED_WITHIN_S = 15.0  # "within seconds" of a SIGKILL, generously
 
 
@@ -47,7 +49,7 @@ def busy(server: Serve) -> requests.Response | Exception:
 
 @contextmanager
 def serve_with_a_backlog(tmp_path: Path) -> Iterator[tuple[Serve, list[Future[object]]]]:
-    server = start_serve(tmp_path / "serve.log", "-c", "2")
+    server = start_serve(tmp_path / "serve.log", "-c", "2", "--drain-timeout", str(DRAIN_S))
     snapshot = tree(server.process.pid)
     try:
         with ThreadPoolExecutor(BACKLOG) as threads:
@@ -113,7 +115,7 @@ def test_serve_sigterm_with_a_backlog_answers_everyone_and_ends(tmp_path: Path) 
         roles = " ".join(names(list(snapshot)))
         assert "redis-server" in roles or "valkey-server" in roles, roles
         assert "codepool.worker.dispatcher" in roles and "engine.supervisor" in roles, roles
-        by = time.monotonic() + DEFAULT_DRAIN_S + MARGIN_S
+        by = time.monotonic() + DRAIN_S + MARGIN_S
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=by - time.monotonic()) == 0, server.log()
         assert_all_gone(snapshot, by, "left after serve's drain deadline")
@@ -125,7 +127,7 @@ def test_serve_sigterm_with_a_backlog_answers_everyone_and_ends(tmp_path: Path) 
         a.status_code if isinstance(a, requests.Response) else type(a).__name__ for a in answers
     )
     assert set(statuses) <= {200, 503}, statuses
-    assert statuses.count(503) >= BACKLOG - 4, statuses  # 2 slots, 8 s: a few ran
+    assert statuses.count(503) >= BACKLOG - 4, statuses  # 2 slots: few if any ran
     for answer in answers:
         assert isinstance(answer, requests.Response)
         if answer.status_code == 503:
@@ -153,9 +155,10 @@ def replay_backlog(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, Path]
     environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     log = tmp_path / "replay.log"
     command = [sys.executable, "-m", "codepool.ops.cli", "replay", str(source)]
+    drain = ["--drain-timeout", str(DRAIN_S)]
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [*command, "-o", str(output), "--timeout", "10", "-c", "2"],
+            [*command, "-o", str(output), "--timeout", "10", "-c", "2", *drain],
             stdout=out,
             stderr=out,
             stdin=subprocess.DEVNULL,
@@ -179,7 +182,7 @@ def test_replay_stopped_with_a_backlog_ends_its_tree(tmp_path: Path, how: str) -
         snapshot = tree(process.pid)
         assert len(snapshot) > 5, names(list(snapshot))
         if how == "sigterm":
-            by = time.monotonic() + DEFAULT_DRAIN_S + MARGIN_S
+            by = time.monotonic() + DRAIN_S + MARGIN_S
             process.send_signal(signal.SIGTERM)
             code = process.wait(timeout=by - time.monotonic())
             assert code == 128 + signal.SIGTERM, log.read_text()

@@ -9,6 +9,7 @@ import os
 import signal
 import tempfile
 
+from codepool.common.settings import Settings
 from codepool.ops.bench.process_tree import descendants, worker_role
 from codepool.producer import CodePool
 from codepool.worker.host import HOST_DIR_PREFIX
@@ -108,9 +109,10 @@ def test_batch_survives_a_zygote_kill(redis_url: str, start_worker: StartWorker)
 
 
 def test_no_live_worker_at_all_is_said_as_such(redis_url: str) -> None:
-    """No dispatcher heartbeats: after ``no_worker_wait_s`` (default) the producer says so,
-    with its own message, long before the batch's deadline or the call's own limit."""
-    pool = CodePool(redis_url)
+    """No dispatcher heartbeats: after ``no_worker_wait_s`` the producer says so, with its
+    own message, long before the batch's deadline or the call's own limit. (The default,
+    15 s, works alike, only later.)"""
+    pool = CodePool(redis_url, settings=Settings.from_env().replace(no_worker_wait_s=2.0))
     batch = pool.submit(["print(1)"] * 3, timeout_s=30.0)
     assert batch.deadline_s > 120
     results = batch.results(timeout_s=120)
