@@ -20,7 +20,7 @@ demo: $(BIN)/codepool
 
 # Test files are spread over TEST_WORKERS processes, each file's tests kept on one (their
 # module fixtures are made once); every test starts its own servers on free ports.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(BIN)/codepool
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 

@@ -263,9 +263,14 @@ class Fleet:
 
     def restore_link(self, host_index: int, timeout_s: float = 5.0) -> None:
         """Bring the link up again and wait until both ends have carrier and the hub routes
-        the host's address over it again (the kernel drops that route while it is down)."""
+        the host's address over it again (the kernel drops that route while it is down).
+        Both ends forget the neighbours they failed to reach meanwhile: an address
+        resolution still pending from the cut would fail the next connection with "No
+        route to host" after the link is back."""
         hub_side, ns = f"veth{host_index}", self.namespace(host_index)
         _ip("-n", self.hub, "link", "set", hub_side, "up")
+        _ip("-n", self.hub, "neigh", "flush", "dev", hub_side)
+        _ip("-n", ns, "neigh", "flush", "dev", HOST_SIDE)
 
         def healed() -> str | None:
             try:
