@@ -88,12 +88,25 @@ def skip_unreadable(executor: LocalExecutor, why: str) -> None:
             pytest.skip(f"{why}, and here {line['detail']}")
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Poll ``check`` until it holds; fail, naming ``what``, after ``timeout_s``."""
+def poll_until(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll ``check`` until it holds (True) or ``timeout_s`` has passed (False): the one
+    polling loop of the suite, for waits whose running out is an answer, not a failure."""
     deadline = time.monotonic() + timeout_s
     while not check():
-        assert time.monotonic() < deadline, f"not met within {timeout_s} s: {what or check}"
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.02)
+    return True
+
+
+def wait_until(
+    check: Callable[[], bool], timeout_s: float = 10.0, what: str | Callable[[], str] = ""
+) -> None:
+    """Poll ``check`` until it holds; fail after ``timeout_s``, naming ``what`` (or what
+    it returns then: logs, say)."""
+    if not poll_until(check, timeout_s):
+        said = what() if callable(what) else what
+        raise AssertionError(f"not met within {timeout_s} s: {said or check}")
 
 
 def processes_of(uids: range, *, except_children_of: int = 0, running: bool = False) -> list[str]:

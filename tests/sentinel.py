@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 import redis
@@ -16,6 +15,7 @@ import redis
 from codepool.common.reaping import wait_or_kill
 from codepool.ops.redis_server import RedisServer, free_port
 from codepool.ops.server_binary import find_server_binary
+from tests.conftest import poll_until, wait_until
 
 SERVICE = "mymaster"
 
@@ -40,13 +40,15 @@ def sentinel_mode_error() -> str | None:
     )
     client = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and process.poll() is None:
+
+        def answers() -> bool:
             try:
-                client.ping()
-                return None
+                return bool(client.ping())
             except redis.RedisError:
-                time.sleep(0.05)
+                return process.poll() is not None  # exited: no sense waiting on
+
+        if poll_until(answers, 10) and process.poll() is None:
+            return None
         return f"{binary} does not run in sentinel mode (--sentinel)"
     finally:
         client.close()
@@ -128,13 +130,11 @@ class Sentinels:
     def wait_settled(self, primary_port: int, timeout_s: float = 30.0) -> None:
         """Until every sentinel names ``primary_port`` the primary, sees the other two
         sentinels and a replica in sync: a failover can then be agreed and done."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if all(self._settled(number, primary_port) for number in range(3)):
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"sentinels not settled; logs in {self.dir}")
-            time.sleep(0.1)
+        wait_until(
+            lambda: all(self._settled(number, primary_port) for number in range(3)),
+            timeout_s,
+            f"sentinels settled; logs in {self.dir}",
+        )
 
     def _settled(self, number: int, primary_port: int) -> bool:
         client = self.sentinel(number)
@@ -155,23 +155,28 @@ class Sentinels:
     def wait_new_primary(self, old_port: int, timeout_s: float = 60.0) -> int:
         """Until a sentinel names another primary than ``old_port`` and it answers as
         one; its port."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        found: list[int] = []
+
+        def elected() -> bool:
             try:
                 port = self.primary_port()
             except redis.RedisError:
-                port = old_port
-            if port != old_port:
-                client = redis.Redis(port=port, socket_timeout=1)
-                try:
-                    if client.info("replication")["role"] == "master":
-                        return port
-                except redis.RedisError:
-                    pass
-                finally:
-                    client.close()
-            time.sleep(0.02)
-        raise AssertionError(f"no new primary within {timeout_s} s; logs in {self.dir}")
+                return False
+            if port == old_port:
+                return False
+            client = redis.Redis(port=port, socket_timeout=1)
+            try:
+                if client.info("replication")["role"] == "master":
+                    found.append(port)
+                    return True
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+            return False
+
+        wait_until(elected, timeout_s, f"a new primary; logs in {self.dir}")
+        return found[-1]
 
     def close(self) -> None:
         for process in self.processes:

@@ -6,7 +6,6 @@ these tests' waits, so only the lease path can finish the batch in time."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from codepool.common.ledger import leased_dispatchers
 from codepool.common.settings import Settings
 from codepool.ops.bench.netns import Fleet, netns_available
 from codepool.producer import CodePool
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(netns_available() is not None, reason=str(netns_available()))
 
@@ -66,11 +66,11 @@ class Hosts:
         return self.live_dispatchers(index) >= 2 and self.listening(index)
 
     def wait(self, what: str, check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not check():
+        def said() -> str:
             logs = "\n".join(f"--- h{i}\n{self.log(i)[-3000:]}" for i in range(HOSTS))
-            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs}"
-            time.sleep(0.05)
+            return f"{what}\n{logs}"
+
+        wait_until(check, timeout_s, said)
 
     def counted(self) -> int:
         return counters.parse(self.conn.hgetall(self.keys.stats())).get("calls", 0)

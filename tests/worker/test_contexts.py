@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from codepool.common.errors import ContextError
 from codepool.common.observation import format_tool_content
 from codepool.worker.engine.executor import LocalExecutor
+from tests.conftest import poll_until, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,15 +25,6 @@ def patient():
     """An executor whose idle TTL outlasts any wait for a spare on a loaded host."""
     with LocalExecutor(concurrency=2, max_contexts=6, context_ttl_s=300.0) as ex:
         yield ex
-
-
-def _wait(condition, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _gone(pid: int) -> bool:
@@ -85,7 +76,7 @@ def test_timeout_ends_only_that_context(executor):
             again = parent.run_code("print(x)")
             assert again.status == "rejected" and "timed out" in again.stderr
             assert child.run_code("print(x)").stdout == "7\n"
-            assert _wait(lambda: _gone(parent.pid))
+            wait_until(lambda: _gone(parent.pid), 30, "the timed-out context's process gone")
 
 
 def test_memory_limit_ends_only_that_context(executor):
@@ -111,11 +102,11 @@ def test_ttl_ends_an_idle_context_leaving_no_process_or_dir(executor):
         assert not _gone(pid)
         # The keeper stays busy past the TTL; the fork sits idle.
         keeper.run_code("import time\ntime.sleep(4.5)", timeout_s=10)
-        assert _wait(lambda: idle.ended is not None)
+        wait_until(lambda: idle.ended is not None, 30, "the idle fork ended")
         assert "TTL" in idle.ended
-        assert _wait(lambda: _gone(pid))
+        wait_until(lambda: _gone(pid), 30, "its process gone")
         probe = f"print(os.path.exists({work_dir!r}))"
-        assert _wait(lambda: keeper.run_code(probe).stdout == "False\n", 10)
+        wait_until(lambda: keeper.run_code(probe).stdout == "False\n", 10, "its work dir gone")
         assert idle.run_code("print(1)").status == "rejected"
 
 
@@ -142,7 +133,7 @@ def test_close_twice_and_use_after_close(executor):
     ctx.close()
     with pytest.raises(ContextError):
         ctx.run_code("print(1)")
-    assert _wait(lambda: _gone(pid))
+    wait_until(lambda: _gone(pid), 30, "its process gone")
 
 
 def test_leftover_processes_of_a_call_are_killed(executor):
@@ -187,7 +178,7 @@ def _spare_made(parent, *others) -> bool:
             return False  # the family ended
         return bool(children - known)
 
-    return _wait(spare)
+    return poll_until(spare, 30.0)
 
 
 def test_a_fork_after_a_call_sees_that_call(patient):
