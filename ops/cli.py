@@ -11,6 +11,7 @@ from codepool.common.errors import ConfigError
 from codepool.ops import (
     doctor_command,
     exporter,
+    pid1,
     replay_command,
     run_command,
     serve_command,
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    pid1.init_if_pid1()  # a container's first process: reap its orphans (ops/pid1.py)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
