@@ -33,6 +33,7 @@ import redis
 from codepool.common import ExecResult
 from codepool.common.quantile import nearest_rank
 from codepool.common.settings import Settings
+from codepool.ops.arguments import cli_command
 from codepool.ops.bench.executor import (
     NUMPY_CODE,
     PRINT_CODE,
@@ -215,16 +216,7 @@ def worker_process(url: str, workdir: str) -> Iterator[subprocess.Popen[bytes]]:
         # A new session: a terminal Ctrl-C reaches only us, and we stop the worker in
         # order (SIGTERM, grace, then SIGKILL to the whole group, dispatchers and zygote).
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "codepool.ops.cli",
-                "worker",
-                "--url",
-                url,
-                "-c",
-                str(WORKER_SLOTS),
-            ],
+            cli_command("worker", "--url", url, "-c", str(WORKER_SLOTS)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
