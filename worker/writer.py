@@ -38,9 +38,9 @@ import redis
 from codepool.common import failover
 from codepool.common.keys import Keys
 from codepool.common.ledger import write_script
-from codepool.common.settings import Settings
 from codepool.common.result import ExecResult
 from codepool.common.retry import retry_until
+from codepool.common.settings import Settings
 from codepool.common.tally import write_calls
 from codepool.worker.lease import DispatcherLease
 from codepool.worker.recent_writes import RecentWrites
