@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from codepool.common.settings import DEFAULT_DRAIN_S
 
 Commands = argparse._SubParsersAction  # what ``add_subparsers`` returns
+
+
+def cli_command(*args: str) -> list[str]:
+    """The argv that runs ``codepool ARGS`` on this interpreter, for a command that starts
+    another (the console script need not be on PATH, nor be this install's)."""
+    return [sys.executable, "-m", "codepool.ops.cli", *args]
 
 
 def split_names(value: str) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from codepool.common.errors import ConfigError
 from codepool.common.process_start import start_ticks
 from codepool.common.reaping import wait_or_kill
 from codepool.common.socket_dirs import socket_bases
+from codepool.ops.arguments import cli_command
 from codepool.ops.parent_death import die_with_parent
 from codepool.ops.redis_server import RedisServer
 
@@ -118,10 +119,7 @@ def worker_argv(
     """The embedded worker's command line: ``codepool worker`` with ``-c`` only when
     slots were asked for, so that without it the worker takes the default every command
     has (the CPUs it may use, common/host_cpus.py), in the process that runs the slots."""
-    return [
-        sys.executable,
-        "-m",
-        "codepool.ops.cli",
+    return cli_command(
         "worker",
         "--url",
         url,
@@ -132,7 +130,7 @@ def worker_argv(
         name,
         "--drain-timeout",
         str(WORKER_DRAIN_S),
-    ]
+    )
 
 
 def _wait_ready(url: str, name: str, worker: subprocess.Popen[bytes], log_path: str) -> None:

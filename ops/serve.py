@@ -23,7 +23,8 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -169,12 +170,20 @@ class Service:
         say): refused with a 503 while the server stops or beyond ``max_in_flight``, and
         answered with a 503 when ``give_up`` comes first."""
         self._admit()
+        with self._waiting_on_pool():
+            return await work()
+
+    @contextmanager
+    def _waiting_on_pool(self) -> Iterator[None]:
+        """Count the calling task in flight and let ``give_up`` cancel it. Cancelled by
+        give_up alone (not by the server or the client going away), its client gets an
+        answer it can act on: a 503."""
         self.in_flight += 1
         task = asyncio.current_task()
         if task is not None:
             self._waiting.add(task)
         try:
-            return await work()
+            yield
         except asyncio.CancelledError:
             if self._gave_up and task is not None and task.uncancel() == 0:
                 raise HTTPException(503, GAVE_UP) from None
@@ -208,39 +217,27 @@ class Service:
                 "its run_timeout); retry later",
                 headers={"Retry-After": str(retry_after_s(refused))},
             )
-        self.in_flight += 1
         ran = False
-        task = asyncio.current_task()
-        if task is not None:
-            self._waiting.add(task)
-        try:
-            work = asyncio.ensure_future(self.sandbox.arun_code(call.snippet, **call.limits))
-            gone = asyncio.ensure_future(_disconnected(request))
+        with self._waiting_on_pool():
             try:
-                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+                work = asyncio.ensure_future(self.sandbox.arun_code(call.snippet, **call.limits))
+                gone = asyncio.ensure_future(_disconnected(request))
+                try:
+                    await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    gone.cancel()
+                    left = not work.done()
+                    if left:  # the client left (or serve stops): nobody waits for it
+                        work.cancel()
+                if left:
+                    return None
+                result = work.result()
+                ran = True
+                return result
+            except CodepoolError as exc:  # the sandbox refused the call's limits, say
+                raise HTTPException(422, str(exc)) from None
             finally:
-                gone.cancel()
-                left = not work.done()
-                if left:  # the client left (or serve stops): nobody waits for it
-                    work.cancel()
-            if left:
-                return None
-            result = work.result()
-            ran = True
-            return result
-        except CodepoolError as exc:  # the sandbox refused the call's limits, say
-            raise HTTPException(422, str(exc)) from None
-        except asyncio.CancelledError:
-            # Cancelled by give_up alone (not by the server or the client going away):
-            # the client gets an answer it can act on.
-            if self._gave_up and task is not None and task.uncancel() == 0:
-                raise HTTPException(503, GAVE_UP) from None
-            raise
-        finally:
-            self.in_flight -= 1
-            self.admission.answered(ran=ran)
-            if task is not None:
-                self._waiting.discard(task)
+                self.admission.answered(ran=ran)
 
 
 async def _disconnected(request: Request) -> None:

@@ -224,30 +224,29 @@ class CodePool:
         ]
         store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
         store_args += [batch_id, self.name]
-        if self._live is None:
-            self._fleet_seen(submit_script(self.conn, store_keys, store_args))
+
+        def announce_for_fleet(pipeline: redis.client.Pipeline | None = None) -> list[str]:
+            """As many announcements as the fleet known at this moment asks for."""
+            count = self._announcements(n)
             return announce(
                 self._queue,
                 settings,
                 batch_id=batch_id,
                 size=n,
-                count=self._announcements(n),
+                count=count,
+                pipeline=pipeline,
                 made=made,
             )
+
+        if self._live is None:
+            self._fleet_seen(submit_script(self.conn, store_keys, store_args))
+            return announce_for_fleet()
         # One MULTI/EXEC (RQ turns a pipeline into one anyway): the batch is stored
         # before any dispatcher can see its announcement.
         with self.conn.pipeline(transaction=True) as pipe:
             pipe.multi()
             submit_script.queue(pipe, store_keys, store_args)
-            announced = announce(
-                self._queue,
-                settings,
-                batch_id=batch_id,
-                size=n,
-                count=self._announcements(n),
-                pipeline=pipe,
-                made=made,
-            )
+            announced = announce_for_fleet(pipe)
             try:
                 self._fleet_seen(pipe.execute()[0])
             except redis.exceptions.NoScriptError:

@@ -497,17 +497,19 @@ def wait_for_dispatchers(
     from rq import Worker
 
     client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + timeout_s
+
+    def registered() -> bool:
+        names = [w.name for w in Worker.all(connection=client)]
+        if sum(n.startswith(name + ".") for n in names) >= 2:
+            return True
+        if worker.process.poll() is not None:
+            raise AssertionError(f"worker {name} exited")
+        return False
+
     try:
-        while True:
-            names = [w.name for w in Worker.all(connection=client)]
-            if sum(n.startswith(name + ".") for n in names) >= 2:
-                return
-            if worker.process.poll() is not None:
-                raise AssertionError(f"worker {name} exited:\n{worker.log()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker {name} not ready:\n{worker.log()}")
-            time.sleep(0.05)
+        wait_until(registered, timeout_s, what=f"worker {name} ready")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}:\n{worker.log()}") from None
     finally:
         client.close()
 

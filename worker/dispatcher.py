@@ -318,16 +318,7 @@ def main(argv: list[str]) -> int:
     # (in-flight snippets end, nothing more is written) and started afresh.
     board = LeaseBoard(os.path.join(config.host_dir, LEASE_FILE), config.dispatchers)
     lease = DispatcherLease(conn, settings, owner=config.name, board=board, slot=config.slot)
-    writer = ResultWriter(
-        conn,
-        settings.keys,
-        settings.batch_ttl_s,
-        lease,
-        worker=config.host,
-        minute_ttl_s=settings.minute_stats_ttl_s,
-        write_gap_s=settings.write_gap_s,
-        rewrite_s=settings.failover_rewrite_s,
-    )
+    writer = ResultWriter.from_settings(conn, settings, lease, worker=config.host)
     worker.runner = BatchRunner(
         executor=executor,
         conn=conn,

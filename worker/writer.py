@@ -40,6 +40,7 @@ from codepool.common.keys import Keys
 from codepool.common.ledger import write_script
 from codepool.common.result import ExecResult
 from codepool.common.retry import retry_until
+from codepool.common.settings import Settings
 from codepool.common.tally import write_calls
 from codepool.worker.lease import DispatcherLease
 from codepool.worker.recent_writes import RecentWrites
@@ -114,6 +115,23 @@ class ResultWriter:
         write_script.load(conn)
         self._thread = threading.Thread(target=self._loop, name="codepool-writer", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def from_settings(
+        cls, conn: redis.Redis, settings: Settings, lease: DispatcherLease, *, worker: str
+    ) -> ResultWriter:
+        """The writer a dispatcher runs: every knob from ``settings``, so a real
+        dispatcher and the fleet bench's simulated ones write alike."""
+        return cls(
+            conn,
+            settings.keys,
+            settings.batch_ttl_s,
+            lease,
+            worker=worker,
+            minute_ttl_s=settings.minute_stats_ttl_s,
+            write_gap_s=settings.write_gap_s,
+            rewrite_s=settings.failover_rewrite_s,
+        )
 
     def put(self, execution: ResultSource, index: int, result: ExecResult) -> None:
         if not (execution.last_expected() and self._write_here(execution, index, result)):

@@ -33,6 +33,7 @@ import redis
 from codepool.common import ExecResult
 from codepool.common.quantile import nearest_rank
 from codepool.common.settings import Settings
+from codepool.ops.arguments import cli_command
 from codepool.ops.bench.executor import (
     NUMPY_CODE,
     PRINT_CODE,
@@ -40,10 +41,10 @@ from codepool.ops.bench.executor import (
     Measurement,
     ReferenceExecutor,
     Workload,
-    interpreter_startup_ms,
     measure,
     median_of_ratios,
 )
+from codepool.ops.bench.side_by_side import alternate, print_interpreter_startup
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import RemoteSandbox
 
@@ -215,16 +216,7 @@ def worker_process(url: str, workdir: str) -> Iterator[subprocess.Popen[bytes]]:
         # A new session: a terminal Ctrl-C reaches only us, and we stop the worker in
         # order (SIGTERM, grace, then SIGKILL to the whole group, dispatchers and zygote).
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "codepool.ops.cli",
-                "worker",
-                "--url",
-                url,
-                "-c",
-                str(WORKER_SLOTS),
-            ],
+            cli_command("worker", "--url", url, "-c", str(WORKER_SLOTS)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -511,8 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"redis-server, reference=Semaphore(8)+64 threads, scale={args.scale:g}, "
         f"rounds={args.rounds}"
     )
-    # Printed because it sets the floor under every reference call.
-    print(f"interpreter startup ({sys.executable}): {interpreter_startup_ms():.1f} ms")
+    print_interpreter_startup()
     results: Results = {}
     crashed: list[str] = []
     with ExitStack() as stack:
@@ -529,18 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception:
                 traceback.print_exc()
                 crashed.append(label)
-        for w in workloads:
-            for _ in range(args.rounds):
-                for label, run in list(sides.items()):
-                    try:
-                        row = run(w)
-                    except Exception:
-                        traceback.print_exc()
-                        del sides[label]
-                        crashed.append(label)
-                        continue
-                    results.setdefault(label, {}).setdefault(w.name, []).append(row)
-            print(f"{w.name} done", file=sys.stderr, flush=True)
+        for label, w, row in alternate(sides, workloads, args.rounds, crashed):
+            results.setdefault(label, {}).setdefault(w.name, []).append(row)
         # Printed before the sides close, so a hang or failure on close cannot hide the table.
         print()
         print_table(workloads, results)

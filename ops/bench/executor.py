@@ -21,6 +21,7 @@ compiler at install time gets).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -41,6 +42,7 @@ from typing import IO, Any, Protocol, Self
 
 from codepool.common import ExecResult
 from codepool.common.quantile import nearest_rank
+from codepool.ops.bench.side_by_side import alternate, print_interpreter_startup
 
 PRINT_CODE = "print(2 + 3)"
 NUMPY_CODE = (
@@ -446,14 +448,8 @@ def print_layer_cost(concurrency: int) -> None:
     print(f"  {verdict}  second layer costs < {LAYER_TARGET_MS} ms CPU per snippet: {cost:.3f} ms")
 
 
-def interpreter_startup_ms(samples: int = 5) -> float:
-    """Median wall time of a bare ``python -B -c pass``: the floor under every reference call."""
-    times = []
-    for _ in range(samples):
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-B", "-c", "pass"], check=True)
-        times.append(time.perf_counter() - started)
-    return sorted(times)[samples // 2] * 1000
+def _measure_as(runner: Runner, mode: str, workload: Workload) -> Measurement:
+    return measure(runner, workload, mode)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -484,35 +480,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"codepool concurrency={args.concurrency}, reference=Semaphore(8)+64 threads, "
         f"scale={args.scale:g}, rounds={args.rounds}"
     )
-    # Printed because it moves the reference's numbers (e.g. an editable install's import
-    # hook runs at every interpreter start) and a reader comparing runs should see it.
-    print(f"interpreter startup ({sys.executable}): {interpreter_startup_ms():.1f} ms")
+    print_interpreter_startup()
     results: Results = {}
     crashed: list[str] = []
     with ExitStack() as stack:
-        # All executors stay open and each workload runs on them back to back, so a burst
-        # of load from elsewhere on the host skews a ratio's two sides alike, not just one.
-        runners: dict[str, Runner] = {}
+        # All executors stay open: see side_by_side.py.
+        sides: dict[str, Callable[[Workload], Measurement]] = {}
         for mode in args.modes:
             try:
-                runners[mode] = stack.enter_context(open_executor(mode, args.concurrency))
-                warm_up(runners[mode])
+                runner = stack.enter_context(open_executor(mode, args.concurrency))
+                warm_up(runner)
             except Exception:
                 traceback.print_exc()
-                runners.pop(mode, None)
                 crashed.append(mode)
-        for workload in workloads:
-            for _ in range(args.rounds):
-                for mode, runner in list(runners.items()):
-                    try:
-                        measured = measure(runner, workload, mode)
-                    except Exception:
-                        traceback.print_exc()
-                        del runners[mode]
-                        crashed.append(mode)
-                        continue
-                    results.setdefault((workload.name, mode), []).append(measured)
-            print(f"{workload.name} done", file=sys.stderr, flush=True)
+                continue
+            sides[mode] = functools.partial(_measure_as, runner, mode)
+        for mode, workload, measured in alternate(sides, workloads, args.rounds, crashed):
+            results.setdefault((workload.name, mode), []).append(measured)
         # Printed before the executors close, so a failure on close cannot hide the table.
         print()
         print_table(workloads, args.modes, results)

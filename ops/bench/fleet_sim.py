@@ -260,16 +260,7 @@ class ActiveDispatcher:
         self.executor = StandInExecutor(host.name, run_s)
         self.finished = FinishedBatches(self.conn, settings.keys, owner=owner, flush_s=1.0)
         lease = DispatcherLease(self.conn, settings, owner=owner, board=host.board, slot=0)
-        self.writer = ResultWriter(
-            self.conn,
-            settings.keys,
-            settings.batch_ttl_s,
-            lease,
-            worker=host.name,
-            minute_ttl_s=settings.minute_stats_ttl_s,
-            write_gap_s=settings.write_gap_s,
-            rewrite_s=settings.failover_rewrite_s,
-        )
+        self.writer = ResultWriter.from_settings(self.conn, settings, lease, worker=host.name)
         self.runner = BatchRunner(
             executor=self.executor,  # type: ignore[arg-type]
             conn=self.conn,

@@ -12,61 +12,22 @@ from codepool.common.cancellation import cancel, parse_message
 from codepool.common.janitor import Janitor
 from codepool.common.ledger import (
     abandon_script,
-    claim_script,
     host_beat,
     parse_indices,
     producer_beat_script,
     release_script,
-    submit_script,
 )
-from codepool.common.limits import Limits
 from codepool.common.result import ExecResult
 from codepool.common.settings import Settings
-from codepool.common.wire import BatchJob, new_batch_id
-from tests.common.test_ledger import _beat, _write_many
+from codepool.common.wire import new_batch_id
+from tests.common.test_ledger import _beat, _claim_reply, _settings, _store, _write_many
 from tests.conftest import wait_until
-
-
-def _settings(url: str) -> Settings:
-    return Settings(redis_url=url, lease_s=5.0)
-
-
-def _store(
-    conn: redis.Redis, settings: Settings, n: int, *, run: str = "r", producer: str = ""
-) -> str:
-    batch_id = new_batch_id()
-    spec = BatchJob.from_codes(batch_id, ["print(1)"] * n, Limits(), run, 0.0).encode()
-    keys = settings.keys
-    submit_script(
-        conn,
-        [
-            keys.batch_state(batch_id),
-            keys.hosts(),
-            keys.open_batches(),
-            keys.producers(),
-            keys.producer_batches(producer),
-        ],
-        [spec, n, run, 2, settings.batch_ttl_s, settings.lease_s, batch_id, producer],
-    )
-    return batch_id
 
 
 def _claim(
     conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int
 ) -> list[int]:
-    keys = settings.keys
-    reply = claim_script(
-        conn,
-        [
-            keys.batch_state(batch_id),
-            keys.batch_retry(batch_id),
-            keys.leases(),
-            keys.owner_batches(owner),
-            keys.open_batches(),
-            keys.batch_results(batch_id),
-        ],
-        [owner, batch_id, room, 64, settings.lease_s, "1", 1],
-    )
+    reply = _claim_reply(conn, settings, batch_id, owner, room)
     assert reply[0] not in (-1, -2), reply
     return parse_indices(reply[1].decode()) if reply[1] else []
 

@@ -5,6 +5,7 @@ their first write."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import redis
 
@@ -31,23 +32,40 @@ def _settings(url: str) -> Settings:
     return Settings(redis_url=url, lease_s=5.0)
 
 
-def _store(conn: redis.Redis, settings: Settings, n: int, reruns: int = 2) -> str:
+def _store(
+    conn: redis.Redis,
+    settings: Settings,
+    n: int,
+    reruns: int = 2,
+    *,
+    run: str = "r",
+    producer: str = "",
+) -> str:
+    """A batch of ``n`` snippets, stored as ``ledger.SUBMIT`` stores it (under
+    ``producer``'s lease when one is named); returns its id."""
     batch_id = new_batch_id()
-    spec = BatchJob.from_codes(batch_id, ["print(1)"] * n, Limits(), "r", 0.0).encode()
+    spec = BatchJob.from_codes(batch_id, ["print(1)"] * n, Limits(), run, 0.0).encode()
     keys = settings.keys
     submit_script(
         conn,
-        [keys.batch_state(batch_id), keys.hosts(), keys.open_batches()],
-        [spec, n, "r", reruns, settings.batch_ttl_s, settings.lease_s, batch_id],
+        [
+            keys.batch_state(batch_id),
+            keys.hosts(),
+            keys.open_batches(),
+            keys.producers(),
+            keys.producer_batches(producer),
+        ],
+        [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s, batch_id, producer],
     )
     return batch_id
 
 
-def _claim(
+def _claim_reply(
     conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int, most: int = 64
-) -> list[int] | None:
+) -> list[Any]:
+    """``ledger.CLAIM``'s reply, given the results hash (so cancelled indices are left out)."""
     keys = settings.keys
-    reply = claim_script(
+    return claim_script(
         conn,
         [
             keys.batch_state(batch_id),
@@ -55,9 +73,16 @@ def _claim(
             keys.leases(),
             keys.owner_batches(owner),
             keys.open_batches(),
+            keys.batch_results(batch_id),
         ],
         [owner, batch_id, room, most, settings.lease_s, "1", 1],
     )
+
+
+def _claim(
+    conn: redis.Redis, settings: Settings, batch_id: str, owner: str, room: int, most: int = 64
+) -> list[int] | None:
+    reply = _claim_reply(conn, settings, batch_id, owner, room, most)
     if reply[0] == -2:
         return None
     if reply[0] == -1:  # no such batch

@@ -61,6 +61,16 @@ def _scrape(port: int) -> Samples:
     }
 
 
+def _scrape_once(redis_url: str) -> tuple[Samples, int]:
+    """One scrape of an exporter started for it, and the port it listened on (it is
+    stopped since)."""
+    running = exporter.serve(redis_url, free_port(), "127.0.0.1")
+    try:
+        return _scrape(running.port), running.port
+    finally:
+        running.stop()
+
+
 def _sample(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
@@ -104,11 +114,7 @@ def test_snapshot_and_render_show_what_ran(
 
 def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker) -> None:
     name = _run_mixed_batch(redis_url, start_worker)
-    running = exporter.serve(redis_url, free_port(), "127.0.0.1")
-    try:
-        samples = _scrape(running.port)
-    finally:
-        running.stop()
+    samples, port = _scrape_once(redis_url)
     assert _sample(samples, "codepool_redis_up") == 1
     for status in ("ok", "error", "timeout", "memory", "signal", "rejected", "infra"):
         expected = EXPECTED.get(status, 0)
@@ -133,7 +139,7 @@ def test_exporter_serves_the_counters(redis_url: str, start_worker: StartWorker)
     beat_s = _sample(samples, "codepool_worker_last_heartbeat_seconds", worker=name)
     assert abs(time.time() - beat_s) <= stats_view.ALIVE_S
     with pytest.raises(urllib.error.URLError):
-        _scrape(running.port)
+        _scrape(port)
 
 
 def test_a_waiting_announcement_shows_as_queue_depth(
@@ -142,11 +148,7 @@ def test_a_waiting_announcement_shows_as_queue_depth(
     pool = CodePool(redis_url)
     pool.submit(["print(1)"])  # no worker: it stays queued
     pool.close()
-    running = exporter.serve(redis_url, free_port(), "127.0.0.1")
-    try:
-        samples = _scrape(running.port)
-    finally:
-        running.stop()
+    samples, _ = _scrape_once(redis_url)
     assert _sample(samples, "codepool_queue_depth") == 1
     assert _sample(samples, "codepool_workers_alive") == 0
     assert _sample(samples, "codepool_snippet_latency_seconds_count") == 0

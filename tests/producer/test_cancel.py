@@ -130,6 +130,17 @@ def sleepers_hold_both_slots(sandbox: RemoteSandbox, pid: int) -> dict[int, int]
     return sleeping_pids(pid)
 
 
+def mates_ran_and_sleepers_died(
+    redis_url: str, run: str, results: list[ExecResult], running: dict[int, int]
+) -> None:
+    """The mates' results are theirs, both sleepers are killed, and the run counts the
+    mates as calls and the sleepers as cancelled."""
+    assert [(r.status, r.stdout, r.stderr) for r in results] == MATE_OUTPUTS
+    wait_until(lambda: not still_running(running), KILLED_WITHIN_S, what="both sleepers killed")
+    got = counted(redis_url, run)
+    assert (got["calls"], got["ok"], got["cancelled"]) == (6, 6, 2), got
+
+
 def test_a_task_cancelled_directly_frees_its_slot_and_spoils_no_batch_mate(
     redis_url: str, start_worker: StartWorker
 ) -> None:
@@ -155,10 +166,7 @@ def test_a_task_cancelled_directly_frees_its_slot_and_spoils_no_batch_mate(
             return [mate.result() for mate in mates], running
 
         results, running = asyncio.run(main())
-    assert [(r.status, r.stdout, r.stderr) for r in results] == MATE_OUTPUTS
-    wait_until(lambda: not still_running(running), KILLED_WITHIN_S, what="both sleepers killed")
-    got = counted(redis_url, "task")
-    assert (got["calls"], got["ok"], got["cancelled"]) == (6, 6, 2), got
+    mates_ran_and_sleepers_died(redis_url, "task", results, running)
 
 
 def test_a_cancelled_submit_future_frees_its_slot_and_spoils_no_batch_mate(
@@ -176,10 +184,7 @@ def test_a_cancelled_submit_future_frees_its_slot_and_spoils_no_batch_mate(
         _, late = futures.wait(mates, timeout=KILLED_WITHIN_S)
         assert not late, "the batch mates did not get the freed slots in time"
         results = [mate.result() for mate in mates]
-    assert [(r.status, r.stdout, r.stderr) for r in results] == MATE_OUTPUTS
-    wait_until(lambda: not still_running(running), KILLED_WITHIN_S, what="both sleepers killed")
-    got = counted(redis_url, "future")
-    assert (got["calls"], got["ok"], got["cancelled"]) == (6, 6, 2), got
+    mates_ran_and_sleepers_died(redis_url, "future", results, running)
 
 
 def test_batch_cancel_kills_what_runs_and_starts_nothing_more(

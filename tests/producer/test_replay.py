@@ -6,12 +6,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from codepool.ops.arguments import cli_command
 from codepool.ops.replay_command import SHOWN_PROBLEMS, print_problems, summary_table
 from codepool.ops.server_binary import ENV_VAR, wheel_binary
 from codepool.producer import CodePool
@@ -139,10 +139,7 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
     private_tmp = tempfile.mkdtemp(prefix="cp-replay-")
     env["TMPDIR"] = private_tmp
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "codepool.ops.cli",
+        cli_command(
             "replay",
             str(source),
             "-o",
@@ -152,7 +149,7 @@ def test_embedded_default_starts_and_stops_everything(tmp_path: Path) -> None:
             "--report",
             str(report),
             "--compare",
-        ],
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -196,17 +193,7 @@ def test_embedded_default_without_a_system_redis_runs_the_wheels_server(tmp_path
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", ENV_VAR)}
     env["PATH"] = str(tmp_path)  # no server binary anywhere on it
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "codepool.ops.cli",
-            "replay",
-            str(source),
-            "-o",
-            str(tmp_path / "out.jsonl"),
-            "--timeout",
-            "1",
-        ],
+        cli_command("replay", str(source), "-o", str(tmp_path / "out.jsonl"), "--timeout", "1"),
         capture_output=True,
         text=True,
         timeout=180,

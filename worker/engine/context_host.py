@@ -33,7 +33,7 @@ from typing import Any
 
 from codepool.common.limits import Limits
 from codepool.common.result import rejected
-from codepool.worker.engine import context_wire, contract, outcome, readback
+from codepool.worker.engine import context_wire, contract, outcome
 
 log = logging.getLogger(__name__)
 
@@ -357,39 +357,21 @@ class ContextHost:
         ctx.op, ctx.deadline = None, None
         if ctx.host_pid and ctx.ended is None:
             _kill_descendants(ctx.host_pid)  # what the call left running ends with it
-        limits = op.limits
-        stdout, out_cut = readback.read_tail(ctx.out_fd, limits.max_output_chars)
-        stderr, err_cut = readback.read_tail(ctx.err_fd, limits.max_output_chars)
+        record = outcome.finished_record(
+            out_fd=ctx.out_fd,
+            err_fd=ctx.err_fd,
+            limits=op.limits,
+            returncode=code,
+            timed_out=ctx.timed_out,
+            cpu_s=cpu_us / 1e6,
+            max_rss_kb=max_rss_kb,
+            queue_s=ctx.started - op.received,
+            exec_s=ended - ctx.started,
+        )
         for fd in (ctx.out_fd, ctx.err_fd):  # the next call's output starts empty
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        rc = None if ctx.timed_out else code
-        cpu_s = cpu_us / 1e6
-        status, limit = outcome.classify(
-            returncode=rc,
-            timed_out=ctx.timed_out,
-            stderr=stderr,
-            truncated=out_cut or err_cut,
-            cpu_s=cpu_s,
-            cpu_rlimit_s=limits.cpu_rlimit_s,
-        )
-        exec_s = ended - ctx.started
-        record = {
-            "ok": rc == 0,
-            "stdout": stdout,
-            "stderr": stderr,
-            "returncode": rc,
-            "timed_out": ctx.timed_out,
-            "latency": ended - op.received,
-            "status": status,
-            "signal": -code if code < 0 and not ctx.timed_out else None,
-            "truncated": out_cut or err_cut,
-            "exec_s": exec_s,
-            "queue_s": ctx.started - op.received,
-            "cpu_s": cpu_s,
-            "max_rss_kb": max_rss_kb,
-            "limit": limit,
-        }
+        limit = record["limit"]
         ctx.last_active = ended
         if ctx.ended is None and limit in (outcome.MEMORY, outcome.CPU_TIME):
             self._end(ctx, f"its call reached the {limit} limit")

@@ -1,5 +1,6 @@
 """How a finished child's run is classified: its ``status`` and the ``limit`` that
-stopped it (ExecResult), in one place.
+stopped it (ExecResult), in one place; and the result it makes (``finished_record``),
+the same for a snippet and a context's call.
 
 What the supervisor knows of a run is what the reference sandbox would know (the exit
 status, whether the deadline killed it, the output) plus the CPU time wait4 counted.
@@ -15,9 +16,12 @@ import builtins
 import errno
 import re
 import signal
+from typing import Any
 
 from codepool.common.error_types import final_exception
+from codepool.common.limits import Limits
 from codepool.common.result import LIMITS
+from codepool.worker.engine import readback
 
 WALL_TIME, CPU_TIME, MEMORY, OUTPUT, FILE_SIZE, PROCESSES = LIMITS
 # An OSError's errno as Python words it: "[Errno 27] File too large".
@@ -51,6 +55,54 @@ def classify(
     if limit is None and truncated:
         limit = OUTPUT
     return _status(returncode, timed_out, limit), limit
+
+
+def finished_record(
+    *,
+    out_fd: int,
+    err_fd: int,
+    limits: Limits,
+    returncode: int,
+    timed_out: bool,
+    cpu_s: float,
+    max_rss_kb: int,
+    queue_s: float,
+    exec_s: float,
+) -> dict[str, Any]:
+    """The result (ExecResult's fields) of a run that got as far as running its code, a
+    snippet's or a context's call alike: its output files read back, each cut to its
+    last ``limits.max_output_chars``, and its end classified.
+
+    returncode: the exit code, ``-N`` when killed by signal N; cpu_s: CPU seconds it
+    used; queue_s, exec_s: seconds it waited for a slot and ran.
+    """
+    stdout, out_cut = readback.read_tail(out_fd, limits.max_output_chars)
+    stderr, err_cut = readback.read_tail(err_fd, limits.max_output_chars)
+    rc = None if timed_out else returncode
+    status, limit = classify(
+        returncode=rc,
+        timed_out=timed_out,
+        stderr=stderr,
+        truncated=out_cut or err_cut,
+        cpu_s=cpu_s,
+        cpu_rlimit_s=limits.cpu_rlimit_s,
+    )
+    return {
+        "ok": rc == 0,
+        "stdout": stdout,
+        "stderr": stderr,
+        "returncode": rc,
+        "timed_out": timed_out,
+        "latency": queue_s + exec_s,
+        "status": status,
+        "signal": -returncode if returncode < 0 and not timed_out else None,
+        "truncated": out_cut or err_cut,
+        "exec_s": exec_s,
+        "queue_s": queue_s,
+        "cpu_s": cpu_s,
+        "max_rss_kb": max_rss_kb,
+        "limit": limit,
+    }
 
 
 def _stopping_limit(

@@ -646,33 +646,17 @@ def _result(
         detail = readback.read_whole(child.err_fd).strip().rsplit("\n", 1)[-1]
         failed = infra(f"codepool: sandbox setup failed: {detail}", latency=queue_s + exec_s)
         return failed.replace(exec_s=exec_s, queue_s=queue_s).to_dict()
-    stdout, out_cut = readback.read_tail(child.out_fd, limits.max_output_chars)
-    stderr, err_cut = readback.read_tail(child.err_fd, limits.max_output_chars)
-    rc = None if child.timed_out else returncode
-    status, limit = outcome.classify(
-        returncode=rc,
+    return outcome.finished_record(
+        out_fd=child.out_fd,
+        err_fd=child.err_fd,
+        limits=limits,
+        returncode=returncode,
         timed_out=child.timed_out,
-        stderr=stderr,
-        truncated=out_cut or err_cut,
         cpu_s=cpu_s,
-        cpu_rlimit_s=limits.cpu_rlimit_s,
+        max_rss_kb=max_rss_kb,
+        queue_s=queue_s,
+        exec_s=exec_s,
     )
-    return {
-        "ok": rc == 0,
-        "stdout": stdout,
-        "stderr": stderr,
-        "returncode": rc,
-        "timed_out": child.timed_out,
-        "latency": queue_s + exec_s,
-        "status": status,
-        "signal": -returncode if returncode < 0 and not child.timed_out else None,
-        "truncated": out_cut or err_cut,
-        "exec_s": exec_s,
-        "queue_s": queue_s,
-        "cpu_s": cpu_s,
-        "max_rss_kb": max_rss_kb,
-        "limit": limit,
-    }
 
 
 def _read_back(child: Child, handed: list[int]) -> dict[str, Any]:
