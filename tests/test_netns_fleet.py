@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from codepool.ops.bench.netns import Fleet, NetnsError, netns_available
+from codepool.ops.bench.process_tree import process_state
 from tests.conftest import wait_until
 
 # Dials Redis from inside a host namespace and SETs a key: exit 0 only if that worked.
@@ -49,15 +50,6 @@ def set_from_host(fleet: Fleet, host: int, url: str, key: str, value: str) -> st
     argv = fleet.exec_argv(host, [sys.executable, "-c", SET_KEY, url, key, value])
     done = subprocess.run(argv, capture_output=True, text=True)
     return "" if done.returncode == 0 else done.stderr or f"exit {done.returncode}"
-
-
-def process_state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` (R, S, T, Z ...), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
 
 
 def root_link_names() -> set[str]:

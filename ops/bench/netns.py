@@ -28,7 +28,7 @@ import redis
 
 from codepool.common.errors import CodepoolError, ConfigError
 from codepool.common.reaping import wait_or_kill
-from codepool.ops.bench.process_tree import descendants
+from codepool.ops.bench.process_tree import descendants, process_state
 from codepool.ops.server_binary import find_server_binary
 
 log = logging.getLogger(__name__)
@@ -65,15 +65,6 @@ def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-
-
-def _state(pid: int) -> str | None:
-    """``pid``'s one-letter state (R, S, T, Z ...), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def _poll(check: Callable[[], str | None], timeout_s: float, what: str) -> None:
@@ -355,7 +346,7 @@ class Fleet:
 
     def _await_states(self, pids: list[int], states: tuple[str | None, ...], what: str) -> None:
         def reached() -> str | None:
-            behind = [pid for pid in pids if _state(pid) not in states]
+            behind = [pid for pid in pids if process_state(pid) not in states]
             return f"pids {behind} not yet" if behind else None
 
         _poll(reached, self.stop_timeout_s, what)

@@ -41,3 +41,12 @@ def worker_role(pid: int) -> str | None:
         if any(mark in cmdline for mark in marks):
             return name
     return None
+
+
+def process_state(pid: int) -> str | None:
+    """``pid``'s one-letter state (R, S, T, Z ...), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

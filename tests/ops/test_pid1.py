@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from codepool.ops.bench.process_tree import descendants
+from codepool.ops.bench.process_tree import descendants, process_state
 from codepool.producer import CodePool
 from tests.conftest import ROOT, StartWorker, wait_until
+from tests.hostile import HOSTILE
 
 # Installs the profile Docker's and Kubernetes' defaults resemble (no namespaces, no
 # mounts), then execs its arguments: the command starts as the runtime would start it.
@@ -23,17 +24,6 @@ AS_A_CONTAINER = (
     "linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)\n"
     "seccomp.build(group_calls=False, sockets=False).install()\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
-)
-# A daemon: its intermediate parent exits at once and the sleeper is killed with the
-# snippet; both end up the children of whoever is PID 1.
-ORPHANS = (
-    "import os, time\n"
-    "if os.fork() == 0:\n"
-    "    os.setsid()\n"
-    "    if os.fork() == 0:\n"
-    "        time.sleep(1000)\n"
-    "    os._exit(0)\n"
-    "print('parent done', os.getpid() == 1)"
 )
 
 pytestmark = pytest.mark.skipif(
@@ -48,15 +38,7 @@ def children(pid: int) -> list[int]:
 
 def zombies_below(pid: int) -> list[int]:
     """Zombies among the processes below ``pid``."""
-    return [member for member in descendants(pid) if _state(member) == "Z"]
-
-
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
+    return [member for member in descendants(pid) if process_state(member) == "Z"]
 
 
 def test_a_pid1_worker_reaps_what_snippets_leave(redis_url: str, start_worker: StartWorker) -> None:
@@ -65,11 +47,13 @@ def test_a_pid1_worker_reaps_what_snippets_leave(redis_url: str, start_worker: S
     (first,) = children(worker.process.pid)  # PID 1 in the namespace; unshare waits on it
     pool = CodePool(redis_url)
     try:
-        results = pool.submit([ORPHANS] * 4, timeout_s=10.0).results(timeout_s=60)
-        # Not its namespace's init: the snippets ran without a PID namespace.
-        expected = [("ok", "parent done False\n")] * 4
+        # A daemon's intermediate parent exits at once and its sleeper is killed with the
+        # snippet: both end up the children of whoever is PID 1.
+        codes = [HOSTILE["daemon"]] * 4 + ["import os\nprint(os.getpid() == 1)"]
+        results = pool.submit(codes, timeout_s=10.0).results(timeout_s=60)
+        # The last is not its namespace's init: snippets run without a PID namespace.
+        expected = [("ok", "parent done\n")] * 4 + [("ok", "False\n")]
         assert [(r.status, r.stdout) for r in results] == expected, results
-        # Each snippet left two orphans (its daemon's parent, then the killed sleeper).
         wait_until(
             lambda: zombies_below(worker.process.pid) == [],
             what=lambda: f"zombies left: {zombies_below(worker.process.pid)}",

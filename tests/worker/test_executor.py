@@ -14,6 +14,7 @@ from codepool.common import format_tool_content
 from codepool.ops.bench.process_tree import descendants
 from codepool.worker import LocalExecutor
 from tests.conftest import assert_nothing_left, needs_root, processes_of, wait_until
+from tests.hostile import HOSTILE
 
 
 def test_print(executor: LocalExecutor) -> None:
@@ -99,15 +100,7 @@ def test_background_process_dies_with_snippet(executor: LocalExecutor) -> None:
 
 
 def test_setsid_daemon_dies_with_snippet(executor: LocalExecutor) -> None:
-    code = (
-        "import os, time\n"
-        "if os.fork() == 0:\n"
-        "    os.setsid()\n"
-        "    if os.fork() == 0:\n"
-        "        time.sleep(1000)\n"
-        "    os._exit(0)\n"
-        "print('parent done')"
-    )
+    code = HOSTILE["daemon"]
     r = executor.run(code)
     assert r.ok and r.stdout == "parent done\n"
     assert_nothing_left(executor)
