@@ -26,6 +26,8 @@ from codepool.common.ledger import producer_beat_script
 from codepool.common.settings import Settings
 
 log = logging.getLogger(__name__)
+# While beats keep failing, one warning this often (the first is said at once).
+FAILURE_LOG_EVERY_S = 60.0
 
 
 def producer_name() -> str:
@@ -45,6 +47,8 @@ class ProducerLease:
         self._through: set[str] = set()  # out of flight, still in Redis's set
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing_since: float | None = None  # monotonic time of a failed run's first
+        self._said_at = 0.0  # when a failed run was last logged
 
     def submitted(self, batch_id: str, run: str) -> None:
         """The batch is in flight (the submit put it in Redis's set)."""
@@ -108,9 +112,26 @@ class ProducerLease:
             # OSError, ValueError: what redis-py raises for a socket closed under it. The
             # thread must outlive any of them: a lease no longer renewed lapses, and a
             # janitor cancels the batches a live producer still waits for.
-            log.warning("producer %s: heartbeat failed: %s", self.name, exc)
+            self._failed(exc)
             with self._lock:
                 self._through.update(through)
+            return
+        if self._failing_since is not None:
+            down_s = time.monotonic() - self._failing_since
+            log.info("producer %s: heartbeat back after %.0f s", self.name, down_s)
+            self._failing_since = None
+
+    def _failed(self, exc: Exception) -> None:
+        """Say a failed beat once, then once every FAILURE_LOG_EVERY_S while they go on:
+        a producer whose Redis is gone beats every second."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = self._said_at = now
+            log.warning("producer %s: heartbeat failed: %s", self.name, exc)
+        elif now - self._said_at >= FAILURE_LOG_EVERY_S:
+            self._said_at = now
+            down_s = now - self._failing_since
+            log.warning("producer %s: heartbeat failing for %.0f s: %s", self.name, down_s, exc)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):

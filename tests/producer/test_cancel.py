@@ -8,6 +8,7 @@ is written, all of it is counted as cancelled, and batch mates are untouched."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from codepool.common.result import ExecResult
 from codepool.common.settings import Settings
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool, RemoteSandbox
+from codepool.producer.lease import ProducerLease
 from codepool.producer.pool import CLOSE_TIMEOUT_S
 from codepool.worker.lease import JANITOR_SPREAD, janitor_period_s
 from tests.conftest import (
@@ -351,3 +353,28 @@ def test_a_close_does_not_wait_for_a_frozen_redis() -> None:
             assert call.result(timeout=5).status == "cancelled"
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_a_lease_whose_redis_is_gone_says_so_once_then_says_it_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer beats every second: with its Redis gone, one warning (and one a minute
+    while it lasts), not one a beat; and a line when the beats go through again."""
+    server = RedisServer().start()
+    try:
+        lease = ProducerLease(
+            redis.Redis.from_url(server.url), Settings(redis_url=server.url), name="p"
+        )
+        lease.stop()  # no thread: beats by hand only
+        lease.submitted("b1", "run")
+        server.stop(kill=True)
+        with caplog.at_level(logging.INFO, logger="codepool.producer.lease"):
+            for _ in range(5):
+                lease.beat()
+            server.start()
+            lease.beat()
+        said = [record.getMessage() for record in caplog.records]
+        assert [line for line in said if "heartbeat failed" in line] == [said[0]], said
+        assert len(said) == 2 and "heartbeat back after" in said[1], said
+    finally:
+        server.close()
