@@ -25,7 +25,7 @@ from rq import Worker
 from codepool.common.errors import ConfigError
 from codepool.common.process_start import start_ticks
 from codepool.common.reaping import wait_or_kill
-from codepool.common.socket_dirs import socket_bases
+from codepool.common.socket_dirs import owner_of, pid_namespace_tag, socket_bases
 from codepool.ops.arguments import cli_command
 from codepool.ops.parent_death import die_with_parent
 from codepool.ops.redis_server import RedisServer
@@ -63,7 +63,8 @@ def embedded_pool(
     me, ticks = os.getpid(), start_ticks(os.getpid())
     if ticks is not None:  # where /proc tells whether a command is gone
         sweep_leftovers()
-    home = tempfile.mkdtemp(prefix=f"{HOME_PREFIX}{me}.{ticks or 0}-", dir=socket_bases()[0])
+    name = f"{HOME_PREFIX}{me}.{ticks or 0}-{pid_namespace_tag()}"
+    home = tempfile.mkdtemp(prefix=name, dir=socket_bases()[0])
     try:
         with _pool_in(home, concurrency, preload) as url:
             yield url
@@ -72,14 +73,14 @@ def embedded_pool(
 
 
 def sweep_leftovers() -> int:
-    """Remove the dirs of embedded pools whose command is gone (killed with SIGKILL: it
-    tidied nothing); returns how many were removed."""
+    """Remove the dirs of embedded pools (of this PID namespace) whose command is gone
+    (killed with SIGKILL: it tidied nothing); returns how many were removed."""
     removed = 0
     for base in socket_bases():
         for entry in os.scandir(base):
             if not entry.name.startswith(HOME_PREFIX):
                 continue
-            pid, _, ticks = entry.name[len(HOME_PREFIX) :].split("-", 1)[0].partition(".")
+            pid, _, ticks = (owner_of(entry.name, HOME_PREFIX) or "").partition(".")
             if pid.isdigit() and ticks.isdigit() and start_ticks(int(pid)) != int(ticks):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed += 1

@@ -24,7 +24,7 @@ import codepool.worker
 from codepool.common.errors import ConfigError
 from codepool.common.process_start import start_ticks
 from codepool.common.reaping import wait_or_kill
-from codepool.ops.bench.process_tree import descendants
+from codepool.ops.bench.process_tree import children, descendants
 from codepool.ops.redis_server import RedisServer
 from codepool.ops.server_binary import find_server_binary
 from codepool.worker import LocalExecutor
@@ -162,9 +162,7 @@ KILLED_WITHIN_S = 5.0
 
 def waiting_children(executor: LocalExecutor) -> list[int]:
     """The supervisor's children other than the zygote: the snippets' processes."""
-    pid = executor.supervisor_pid
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(child) for child in f.read().split() if int(child) not in executor.zygote_pids]
+    return [pid for pid in children(executor.supervisor_pid) if pid not in executor.zygote_pids]
 
 
 def files_of(

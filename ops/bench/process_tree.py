@@ -4,18 +4,22 @@ hosts) and the tests: plain /proc reads, not psutil (a dependency for two facts)
 from __future__ import annotations
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``'s main thread (none once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid``."""
     found, frontier = [], [pid]
     while frontier:
-        parent = frontier.pop()
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                children = [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-        found += children
-        frontier += children
+        below = children(frontier.pop())
+        found += below
+        frontier += below
     return found
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from codepool.ops.bench.process_tree import descendants, process_state
+from codepool.ops.bench.process_tree import children, descendants, process_state
 from codepool.producer import CodePool
 from tests.conftest import ROOT, StartWorker, wait_until
 from tests.hostile import HOSTILE
@@ -29,11 +29,6 @@ AS_A_CONTAINER = (
 pytestmark = pytest.mark.skipif(
     not ROOT or shutil.which("unshare") is None, reason="needs root and unshare(1)"
 )
-
-
-def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(child) for child in f.read().split()]
 
 
 def zombies_below(pid: int) -> list[int]:

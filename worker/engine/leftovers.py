@@ -10,26 +10,27 @@ import shutil
 import signal
 import tempfile
 
-from codepool.common.socket_dirs import socket_bases
+from codepool.common.socket_dirs import owner_of, pid_namespace_tag, socket_bases
 from codepool.worker.engine.isolation import VOLATILE_ROOTS
 
 
 def make_dir(prefix: str) -> str:
-    """A fresh 0700 temp dir ``{prefix}{pid}-XXXX`` owned by this process (under
+    """A fresh 0700 temp dir ``{prefix}{pid}-{pid namespace}-XXXX`` owned by this process (under
     TMPDIR, or /tmp where TMPDIR is too long to hold a Unix socket's path)."""
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=socket_bases()[0])
+    tag = pid_namespace_tag()
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{tag}", dir=socket_bases()[0])
 
 
 def sweep(prefix: str, marker: bytes) -> int:
-    """Remove ``{prefix}{pid}-*`` dirs whose pid is no longer a live process whose
-    command line holds ``marker``; returns how many were removed."""
+    """Remove ``{prefix}{pid}-*`` dirs of this PID namespace whose pid is no longer a
+    live process whose command line holds ``marker``; returns how many were removed."""
     removed = 0
     for base in socket_bases():
         for entry in os.scandir(base):
             if not entry.name.startswith(prefix):
                 continue
-            owner = entry.name[len(prefix) :].split("-", 1)[0]
-            if owner.isdigit() and not _runs(int(owner), marker):
+            owner = owner_of(entry.name, prefix)
+            if owner is not None and owner.isdigit() and not _runs(int(owner), marker):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed += 1
     return removed
