@@ -23,9 +23,8 @@ def test_a_context_keeps_its_state_and_its_forks_are_their_own(
     with RemoteSandbox(redis_url, timeout=10) as sandbox:
         ctx = sandbox.context()
         assert client.hget(Keys().context(ctx.id), "host") is not None
-        first = ctx.run_code(
-            "def f(x):\n    return x + 1\ndata = [1]\nopen('f.txt', 'w').write('p')"
-        )
+        defined = "def f(x):\n    return x + 1\ndata = [1]\nopen('f.txt', 'w').write('p')"
+        first = ctx.run_code(defined)
         assert first.status == "ok", first
         assert ctx.run_code("print(f(41), data)").stdout == "42 [1]\n"
         left, right = ctx.fork(2)
@@ -40,7 +39,7 @@ def test_a_context_keeps_its_state_and_its_forks_are_their_own(
         error = ctx.run_code("f(undefined_name)")
         assert error.status == "error" and "NameError" in error.stderr
         assert "NameError" in format_tool_content(error)
-        assert ctx.history[:2] == [ctx.history[0], "print(f(41), data)"]
+        assert ctx.history[:2] == [defined, "print(f(41), data)"]
         for context in (ctx, left, right):
             context.close()
             context.close()  # twice is fine

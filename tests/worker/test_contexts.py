@@ -49,17 +49,18 @@ def test_state_persists_and_each_call_has_its_own_output(executor):
 
 def test_fork_is_isolated_from_parent_and_siblings(executor):
     with executor.context() as parent:
-        parent.run_code(
-            "import json, os\nx = [1]\nopen('f.txt', 'w').write('parent')\njson.tag = 'p'"
-        )
+        setup = "import json, os\nx = [1]\nopen('f.txt', 'w').write('parent')\njson.tag = 'p'"
+        parent.run_code(setup)
         a, b = parent.fork(2)
         with a, b:
-            a.run_code("x.append(2)\nopen('f.txt', 'w').write('a')\njson.tag = 'a'")
+            change = "x.append(2)\nopen('f.txt', 'w').write('a')\njson.tag = 'a'"
+            a.run_code(change)
             probe = "print(x, open('f.txt').read(), json.tag, sorted(os.listdir('.')))"
             assert a.run_code(probe).stdout == "[1, 2] a a ['f.txt']\n"
             assert b.run_code(probe).stdout == "[1] parent p ['f.txt']\n"
             assert parent.run_code(probe).stdout == "[1] parent p ['f.txt']\n"
-            assert a.history == parent.history[:1] + a.history[1:]
+            # A fork starts from its parent's calls and records only its own after them.
+            assert a.history[:2] == [setup, change] and b.history == [setup, probe]
 
 
 def test_timeout_ends_only_that_context(executor):
