@@ -160,7 +160,7 @@ class WorkerHost:
             self._stop_dispatchers()
             if self.contexts is not None:
                 self.contexts.stop()
-            self.lease.stop()
+            self.lease.stop(until=self.stop_at)
             self.board.close()
             if self.executor is not None:
                 self.executor.close()

@@ -41,6 +41,8 @@ TRUST_MARGIN_S = 1.5
 # A dispatcher waits this long for its host to take its lease before it gives up.
 HELD_TIMEOUT_S = 30.0
 POLL_S = 0.01
+# Without a deadline, how long a stop waits for the last settle and the LEAVE.
+STOP_WAIT_S = 10.0
 # A host's janitor's rounds come this many periods apart (``janitor_period_s``), drawn
 # at random, so that the hosts of a fleet do not all look at once.
 JANITOR_SPREAD = (0.5, 1.5)
@@ -117,14 +119,28 @@ class HostLease:
             self.board.set(slot, EMPTY)
         self._wake.set()
 
-    def stop(self) -> None:
-        """Stop beating, settle the exits left (the dispatchers are gone by now), and
-        give the lease up, unless something could not be settled: then it lapses and a
-        janitor releases what is left."""
+    def stop(self, until: float | None = None) -> None:
+        """Stop beating; the beat's thread then settles the exits left (the dispatchers
+        are gone by now) and gives the lease up, unless something could not be settled:
+        then it lapses and a janitor releases what is left. Waits for that until the
+        monotonic time ``until`` (the drain deadline) at most: a Redis that does not
+        answer by then leaves the lease to lapse, and the host exits on time."""
         self._stop.set()
         self._wake.set()
+        if not self._thread.is_alive():  # never started, or already done
+            if self._thread.ident is None:
+                self._leave()
+            return
+        wait_s = STOP_WAIT_S if until is None else max(0.0, until - time.monotonic())
+        self._thread.join(timeout=wait_s)
         if self._thread.is_alive():
-            self._thread.join(timeout=10)
+            log.warning(
+                "worker %s: Redis did not answer before the drain deadline; its lease is "
+                "left to lapse (a janitor releases what it held)",
+                self.host,
+            )
+
+    def _leave(self) -> None:
         self._settle_exits()
         if not self._taken or self._unsettled:
             return
@@ -153,6 +169,7 @@ class HostLease:
             next_beat = self.tick()
             self._wake.wait(max(0.0, next_beat - time.monotonic()))
             self._wake.clear()
+        self._leave()
 
     def _beat(self) -> None:
         with self._lock:
