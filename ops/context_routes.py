@@ -31,9 +31,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import redis
 from starlette.exceptions import HTTPException
@@ -52,13 +52,25 @@ from codepool.ops.sandbox_fusion import (
     seconds_of,
 )
 from codepool.producer.context import DEFAULT_TTL_S, RemoteContext
-
-if TYPE_CHECKING:  # ops/serve.py imports this module
-    from codepool.ops.serve import Service
+from codepool.producer.sandbox import RemoteSandbox
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class Service(Protocol):
+    """What these routes need of the server (ops/serve.py's ``Service``): its sandbox,
+    its token check, its body reader and its admission."""
+
+    sandbox: RemoteSandbox
+
+    def authorize(self, request: Request) -> None: ...
+
+    async def body(self, request: Request, *, optional: bool = False) -> Any: ...
+
+    async def hold(self, work: Callable[[], Awaitable[T]]) -> T: ...
+
 
 DEFAULT_MAX_OPEN = 4096  # contexts one server holds at once; more get 503
 DEFAULT_IDLE_S = DEFAULT_TTL_S  # the hosts' default --context-ttl

@@ -24,7 +24,7 @@ from codepool.common.retry import pause
 from codepool.common.wire import WHOLE_BATCH
 
 if TYPE_CHECKING:
-    from codepool.producer.pool import CodePool
+    from codepool.producer.pool_view import PoolView
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Batch:
 
     def __init__(
         self,
-        pool: CodePool,
+        pool: PoolView,
         batch_id: str,
         size: int,
         limits: Limits,
@@ -103,7 +103,7 @@ class Batch:
             now = time.monotonic()
             if now >= end:
                 break
-            if pool._closed:  # closed under this collection: it cancelled what is missing
+            if pool.closed:  # closed under this collection: it cancelled what is missing
                 if not self._given_up:
                     self._give_up_message = CLOSED_MESSAGE
                 self._given_up.update(range(self.size))
@@ -137,7 +137,7 @@ class Batch:
             try:
                 popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
             except (redis.RedisError, OSError, ValueError) as exc:
-                if pool._closed:
+                if pool.closed:
                     continue  # closed under this read, whatever redis-py made of it
                 if not isinstance(exc, redis.RedisError):
                     raise
@@ -178,7 +178,7 @@ class Batch:
                 pace_s = (time.monotonic() - self.submitted) / max(1, len(self._results))
                 time.sleep(min(pool.settings.collect_linger_s, left * pace_s))
         pool.lease.through(self.id)
-        pool._want_spare()  # nothing of this batch waits for it now
+        pool.want_spare()  # nothing of this batch waits for it now
         for index in range(self.size):
             if index not in self._results:
                 if index in self._given_up:

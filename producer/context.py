@@ -35,7 +35,7 @@ from codepool.common.errors import CodepoolError
 from codepool.common.result import ExecResult, not_run, rejected
 
 if TYPE_CHECKING:
-    from codepool.producer.pool import CodePool
+    from codepool.producer.pool_view import PoolView
 
 OPEN_TIMEOUT_S = 10.0  # a host that does not answer an open within this is passed over
 REPLY_MARGIN_S = 10.0  # beyond a call's own timeout, before its host counts as lost
@@ -54,7 +54,7 @@ class RemoteContext:
 
     def __init__(
         self,
-        pool: CodePool,
+        pool: PoolView,
         context_id: str,
         host: str,
         limits: dict[str, Any],
@@ -231,14 +231,14 @@ class RemoteContext:
         return None
 
 
-def host_lives(pool: CodePool, host: str) -> bool:
+def host_lives(pool: PoolView, host: str) -> bool:
     """Whether worker host ``host`` holds its lease (Redis server time)."""
     seconds, micros = pool.conn.time()
     score = pool.conn.zscore(pool.keys.hosts(), host)
     return score is not None and float(score) >= seconds + micros / 1e6 - pool.settings.lease_s
 
 
-def live_hosts(pool: CodePool) -> list[str]:
+def live_hosts(pool: PoolView) -> list[str]:
     seconds, micros = pool.conn.time()
     since = seconds + micros / 1e6 - pool.settings.lease_s
     names = cast(list[bytes], pool.conn.zrangebyscore(pool.keys.hosts(), since, "+inf"))
@@ -248,7 +248,7 @@ def live_hosts(pool: CodePool) -> list[str]:
 
 
 def open_on_a_host(
-    pool: CodePool, context_id: str, limits: dict[str, Any], *, exclude: set[str]
+    pool: PoolView, context_id: str, limits: dict[str, Any], *, exclude: set[str]
 ) -> tuple[str, float]:
     """Open context ``context_id`` on a live host (a random one with room); its name and
     its idle TTL."""
@@ -266,7 +266,7 @@ def open_on_a_host(
     raise CodepoolError("no worker host could open a context: " + "; ".join(errors))
 
 
-def open_context(pool: CodePool, limits: dict[str, Any], *, rebuild: bool = True) -> RemoteContext:
+def open_context(pool: PoolView, limits: dict[str, Any], *, rebuild: bool = True) -> RemoteContext:
     context_id = new_id()
     host, ttl_s = open_on_a_host(pool, context_id, limits, exclude=set())
     context = RemoteContext(pool, context_id, host, limits, rebuild=rebuild, ttl_s=ttl_s)

@@ -44,6 +44,7 @@ from codepool.common.wire import RUN_TAG_MAX_CHARS, BatchJob, new_batch_id
 from codepool.producer.batch import POLL_BLOCK_S, Batch
 from codepool.producer.context import RemoteContext, open_context
 from codepool.producer.lease import ProducerLease, producer_name
+from codepool.producer.pool_view import Stored
 
 __all__ = ["Batch", "CodePool"]  # Batch lives in producer/batch.py
 
@@ -88,7 +89,7 @@ class CodePool:
         self._live: int | None = None  # live hosts, as the last submit saw them
         self._fleet_slots = 0  # their registered slots, as the last submit saw them
         # The next batch's id and first announcement, made on a thread of the pool's
-        # once a batch's results are in (_want_spare): what RQ takes to make one is then
+        # once a batch's results are in (want_spare): what RQ takes to make one is then
         # neither before a submit's round trip nor beside the work it starts.
         self._spare_lock = threading.Lock()
         self._spare: tuple[str, Job] | None = None
@@ -170,7 +171,11 @@ class CodePool:
             reruns=reruns,
         )
 
-    def _want_spare(self) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def want_spare(self) -> None:
         """Have the spare thread make the next batch's id and announcement, unless there
         is one. Called when a batch's results are in: on a 2-core host, making it right
         after the submit took the core that Redis and the worker needed for the claim."""
@@ -273,7 +278,7 @@ class CodePool:
         log.warning("batch %s: no progress with work unclaimed; announced it again", batch_id)
         return True
 
-    def recover(self, batch: Batch) -> bool:
+    def recover(self, batch: Stored) -> bool:
         """After a failover (common/failover.py): store ``batch`` again if the new
         primary lacks it (its submit was not replicated: nobody would ever run it), or
         announce it again if it has work nobody has claimed (its announcements, or

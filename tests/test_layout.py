@@ -25,13 +25,14 @@ def shipped_modules() -> dict[str, Path]:
     return modules
 
 
-def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Imports that run: at module level or inside functions (a lazy import is still a
-    dependency), not those under ``if TYPE_CHECKING``."""
+def _imports(tree: ast.Module, typing: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Imports at module level or inside functions (a lazy import is still a
+    dependency); those under ``if TYPE_CHECKING`` only when ``typing`` is set (a type-only
+    import is still a dependency of the reader, but not one that runs)."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not typing and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -39,15 +40,15 @@ def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the codepool modules it imports. ``from P import m`` counts as
-    importing ``P.m`` when that is a module; a module's own parent packages are left
-    out (Python imports them before it anyway)."""
+def import_graph(modules: dict[str, Path], typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the codepool modules it imports (type-only imports too with ``typing``).
+    ``from P import m`` counts as importing ``P.m`` when that is a module; a module's own
+    parent packages are left out (Python imports them before it anyway)."""
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.stem == "__init__" else name.rpartition(".")[0]
         targets: set[str] = set()
-        for node in _runtime_imports(ast.parse(path.read_text())):
+        for node in _imports(ast.parse(path.read_text()), typing):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
                 continue
@@ -96,12 +97,44 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles() -> None:
-    assert cycles(import_graph(shipped_modules())) == []
+    """Type-only imports count: a cycle a reader must follow is a cycle, even when
+    ``TYPE_CHECKING`` keeps it from running."""
+    assert cycles(import_graph(shipped_modules(), typing=True)) == []
+
+
+def test_type_only_imports_are_seen() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import b\nimport c\n"
+    )
+
+    def names(typing: bool) -> list[str]:
+        return sorted(node.names[0].name for node in _imports(tree, typing))
+
+    assert names(typing=True) == ["TYPE_CHECKING", "b", "c"]
+    assert names(typing=False) == ["TYPE_CHECKING", "c"]
 
 
 def test_cycle_finder_sees_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def _strings(tree: ast.Module) -> Iterator[str]:
+    """The string values code uses (a ``-m`` target, a boot string), not docstrings or
+    comments: a module named only in prose is not reached."""
+    prose = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            yield node.value
+
+
+def test_strings_leave_out_comments_and_docstrings() -> None:
+    tree = ast.parse('"""codepool.a"""\n# codepool.b\nrun("-m", "codepool.c")\n')
+    assert list(_strings(tree)) == ["-m", "codepool.c"]
 
 
 def test_nothing_ships_that_only_tests_use() -> None:
@@ -111,7 +144,8 @@ def test_nothing_ships_that_only_tests_use() -> None:
     modules = shipped_modules()
     graph = import_graph(modules)
     sources = {name: path.read_text() for name, path in modules.items()}
-    named = set(re.findall(r"codepool(?:\.\w+)+", "\n".join(sources.values())))
+    strings = "\n".join(s for source in sources.values() for s in _strings(ast.parse(source)))
+    named = set(re.findall(r"codepool(?:\.\w+)+", strings))
     reached = [
         name
         for name, path in modules.items()

@@ -19,15 +19,30 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from codepool.common.errors import ContextError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, rejected
 
-if TYPE_CHECKING:
-    from codepool.worker.engine.client import SupervisorClient
+
+class ContextChannel(Protocol):
+    """What a context sends its orders through: the supervisor client
+    (worker/engine/client.py) that opened it."""
+
+    name: str
+
+    def _context_call(
+        self, context_id: int, code: str, limits: Limits, before: Callable[[ExecResult], None]
+    ) -> Future[ExecResult]: ...
+
+    def _context_fork(
+        self, parent: Context, n: int, history: list[str]
+    ) -> Future[list[Context]]: ...
+
+    def _context_close(self, context_id: int) -> None: ...
 
 
 class Context:
@@ -40,7 +55,7 @@ class Context:
 
     def __init__(
         self,
-        client: SupervisorClient,
+        client: ContextChannel,
         context_id: int,
         limits: Limits,
         *,
