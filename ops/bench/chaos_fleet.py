@@ -1,0 +1,246 @@
+"""The processes of a chaos run (ops/bench/chaos.py): its Redis, worker hosts, ``codepool
+serve`` and producer processes, started, killed, frozen and replaced by the faults
+(ops/bench/chaos_faults.py), each logging to the run's directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from codepool.common.errors import ConfigError
+from codepool.ops.arguments import cli_command
+from codepool.ops.bench.chaos_check import process_start
+from codepool.ops.bench.process_tree import descendants
+from codepool.ops.redis_server import RedisServer
+from codepool.ops.serve_command import LISTENING
+
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Host:
+    """Worker host number ``index`` of the fleet; ``name`` changes when it is restarted
+    under a new name."""
+
+    index: int
+    name: str
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def tree(self) -> list[int]:
+        if self.process is None or self.process.poll() is not None:
+            return []
+        return [self.process.pid, *descendants(self.process.pid)]
+
+
+@dataclass
+class Producer:
+    role: str
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class ChaosFleet:
+    """Everything a chaos run starts; ``tracked`` is every fleet process ever seen (pid ->
+    start time), for the check that none is left."""
+
+    directory: Path
+    hosts_n: int
+    slots: int
+    seed: int
+    until: float
+    rates: dict[str, float]
+    redis_server: RedisServer = field(default_factory=lambda: RedisServer(appendonly=True))
+    hosts: list[Host] = field(default_factory=list)
+    producers: list[Producer] = field(default_factory=list)
+    killed_producers: set[str] = field(default_factory=set)
+    serve: subprocess.Popen[str] | None = None
+    serve_url: str = ""
+    tracked: dict[int, str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return self.redis_server.url
+
+    @property
+    def redis_pid(self) -> int:
+        assert self.redis_server.process is not None
+        return self.redis_server.process.pid
+
+    def start_base(self) -> None:
+        """Redis, the hosts (until each has beaten) and serve."""
+        (self.directory / "history").mkdir(parents=True, exist_ok=True)
+        (self.directory / "logs").mkdir(exist_ok=True)
+        self.redis_server.start()
+        self.hosts = [Host(i, f"h{i}") for i in range(self.hosts_n)]
+        for host in self.hosts:
+            self.start_host(host)
+        self.wait_hosts()
+        self.start_serve()
+
+    def start_load(self) -> None:
+        """The producers, which stop by themselves at ``until``."""
+        for role, rate in self.rates.items():
+            count = 2 if role in ("batch", "lone") else 1
+            for number in range(count):
+                self.start_producer(role, f"{role}{number}", rate / count)
+
+    # -- hosts ---------------------------------------------------------------------
+
+    def start_host(self, host: Host) -> None:
+        host.starts += 1
+        log = open(self.directory / "logs" / f"{host.name}.log", "ab")
+        host.process = subprocess.Popen(
+            cli_command("worker", "--url", self.url, "-c", str(self.slots), "--name", host.name),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def wait_hosts(self) -> None:
+        """Until every host has beaten (its lease is in ``hosts``)."""
+        conn = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        try:
+            while conn.zcard("codepool:hosts") < self.hosts_n:
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"hosts did not come up; see {self.directory}/logs")
+                time.sleep(0.2)
+        finally:
+            conn.close()
+
+    def track(self) -> None:
+        """Remember every process now in the hosts' trees (called about once a second)."""
+        for host in list(self.hosts):
+            for pid in host.tree():
+                started = process_start(pid)
+                if started is not None:
+                    with self._lock:
+                        self.tracked.setdefault(pid, started)
+
+    # -- serve and producers -------------------------------------------------------
+
+    def start_serve(self) -> None:
+        log = open(self.directory / "logs" / "serve.log", "w")
+        self.serve = subprocess.Popen(
+            cli_command("serve", "--url", self.url, "--port", "0", "--run", "chaos"),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        log.close()
+        assert self.serve.stdout is not None
+        for line in self.serve.stdout:
+            match = LISTENING.search(line)
+            if match:
+                self.serve_url = match.group(1)
+                return
+        raise ConfigError(f"serve exited; see {self.directory}/logs/serve.log")
+
+    def start_producer(self, role: str, name: str, rate: float) -> None:
+        log = open(self.directory / "logs" / f"{name}.log", "ab")
+        argv = [
+            sys.executable,
+            "-m",
+            "codepool.ops.bench.chaos_load",
+            role,
+            "--url",
+            self.url,
+            "--history",
+            str(self.directory / "history" / f"{name}.jsonl"),
+            "--name",
+            name,
+            "--seed",
+            str(self.seed),
+            "--until",
+            str(self.until),
+            "--rate",
+            str(rate),
+            "--serve",
+            self.serve_url,
+        ]
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+        self.producers.append(Producer(role, name, process))
+
+    def kill_producer(self, number: int) -> str:
+        """kill -9 producer ``number`` (of those running) and start another of its role."""
+        running = [p for p in self.producers if p.process.poll() is None]
+        if not running:
+            return "no producer running"
+        victim = running[number % len(running)]
+        victim.process.kill()
+        victim.process.wait()
+        self.killed_producers.add(victim.name)
+        generation = sum(p.role == victim.role for p in self.producers)
+        rate = self.rates[victim.role] / (2 if victim.role in ("batch", "lone") else 1)
+        self.start_producer(victim.role, f"{victim.role}{generation}", rate)
+        return victim.name
+
+    def wait_producers(self, timeout_s: float) -> list[str]:
+        """Until every producer has stopped by itself; the names of those that did not
+        (they are killed)."""
+        deadline = time.monotonic() + timeout_s
+        stuck = []
+        for producer in self.producers:
+            try:
+                producer.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stuck.append(producer.name)
+                producer.process.kill()
+                producer.process.wait()
+        return stuck
+
+    # -- the end -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop producers, serve and hosts (SIGTERM, then SIGKILL), keep Redis."""
+        for producer in self.producers:
+            if producer.process.poll() is None:
+                producer.process.kill()
+                producer.process.wait()
+        if self.serve is not None and self.serve.poll() is None:
+            self.serve.terminate()
+            _wait(self.serve)
+        self.track()
+        for host in self.hosts:
+            if host.process is not None and host.process.poll() is None:
+                os.killpg(host.process.pid, signal.SIGCONT)  # a frozen one must hear it
+                host.process.terminate()
+        for host in self.hosts:
+            if host.process is not None:
+                _wait(host.process)
+
+    def close(self) -> None:
+        self.stop()
+        self.redis_server.close()
+
+
+def _wait(process: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
