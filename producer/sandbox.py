@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from codepool.common.cancellation import CLOSED_MESSAGE
 from codepool.common.errors import CodepoolError
 from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
 from codepool.common.result import CANCELLED, ExecResult, cancelled, infra
+from codepool.common.reward_tests import DEFAULT_TIMEOUT_S, Case, CaseResult, arun_tests, run_tests
 from codepool.common.sandbox_stats import SandboxStats
 from codepool.common.settings import Settings
 from codepool.common.snippet import split_inputs
@@ -186,6 +187,36 @@ class RemoteSandbox:
         """``run_code`` for async callers (any event loop)."""
         # wrap_future binds to whichever loop awaits, so asyncio.run per step works.
         return await asyncio.wrap_future(self.submit(code, **keywords))
+
+    def run_tests(
+        self,
+        candidate: str,
+        cases: Sequence[Case],
+        *,
+        prefix: str = "",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        **limits: Any,
+    ) -> list[CaseResult]:
+        """Run ``candidate`` against ``cases``: loaded once, each case in a fork of it,
+        with the verdicts one ``run_code`` per case would get (common/reward_tests.py).
+        timeout_s: wall clock per case, seconds. Other keywords: Limits fields."""
+        return run_tests(
+            self.run_code, candidate, cases, prefix=prefix, timeout_s=timeout_s, **limits
+        )
+
+    async def arun_tests(
+        self,
+        candidate: str,
+        cases: Sequence[Case],
+        *,
+        prefix: str = "",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        **limits: Any,
+    ) -> list[CaseResult]:
+        """``run_tests`` for async callers (concurrent calls share batches)."""
+        return await arun_tests(
+            self.arun_code, candidate, cases, prefix=prefix, timeout_s=timeout_s, **limits
+        )
 
     def context(self, *, rebuild: bool = True, **limits: Any) -> RemoteContext:
         """An interpreter context on the fleet (``CodePool.context``), with this
