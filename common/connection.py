@@ -5,7 +5,10 @@ the product is made here, for a plain URL or a Sentinel-managed primary
 
 from __future__ import annotations
 
-from typing import Any, cast
+import copy
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -20,6 +23,60 @@ from codepool.common.settings import Settings
 # The backoff between retries of a command that met a dropped connection.
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 2.0
+
+T = TypeVar("T")
+
+
+class _Tally:
+    """A count shared by every copy of one CountingRetry."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+
+
+class CountingRetry(Retry):
+    """redis-py's Retry that also counts the failures it retried or gave up on, for all
+    of one client's connections together (each connection gets a deep copy of its
+    client's Retry; the copies share one tally). A failure redis-py retried is silent:
+    a blocking pop whose reply a dropped connection lost is simply sent again, and what
+    it popped is gone. A reader that must not lose such a reply compares
+    ``connection_failures`` before and after its read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tally = _Tally()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CountingRetry:
+        twin = copy.copy(self)
+        twin._backoff = copy.deepcopy(self._backoff, memo)
+        twin._supported_errors = tuple(self._supported_errors)
+        return twin  # the same _tally
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        def counted(error: Exception, *more: Any) -> Any:
+            with self._tally.lock:
+                self._tally.count += 1
+            return fail(error, *more)
+
+        return super().call_with_retry(do, counted, is_retryable, with_failure_count)
+
+    @property
+    def failures(self) -> int:
+        return self._tally.count
+
+
+def connection_failures(conn: redis.Redis) -> int:
+    """How many commands of ``conn``'s met a connection error so far (retried or not);
+    0 for a client not made by ``redis_client``."""
+    retry = conn.get_connection_kwargs().get("retry")
+    return retry.failures if isinstance(retry, CountingRetry) else 0
 
 
 def redis_client(
@@ -42,7 +99,7 @@ def redis_client(
     }
     if not url.startswith("unix:"):
         options["socket_keepalive"] = True
-    options["retry"] = Retry(
+    options["retry"] = CountingRetry(
         ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries=retries
     )
     if is_sentinel_url(url):

@@ -3,6 +3,14 @@ order or as they complete, from its done list (BLMPOP, many per call), and the w
 give up on it (``cancel``: common/cancellation.py). While it waits, a batch has its pool
 watch the dispatchers' leases (and recover a lapsed one's work), nudges a batch that
 stalls with work unclaimed, and says so when no dispatcher is alive.
+
+BLMPOP is destructive: a reply lost to a dropped connection (redis-py sends the pop
+again, silently) loses what it popped. So the collection reconciles: after any
+connection error of its client, when it stalls, and before it reports anything
+``infra``, it reads the indices it is missing from the results hash, where every
+result stays until the batch expires. A collection that stops waiting (its deadline,
+the caller's ``timeout_s``, no live worker) cancels what it no longer waits for first,
+so nothing of the batch runs on for nobody.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import redis
 
 from codepool.common import codec, failover
 from codepool.common.cancellation import CLOSED_MESSAGE, GAVE_UP_MESSAGE, cancel
+from codepool.common.connection import connection_failures
 from codepool.common.errors import ConfigError, RedisUnavailable
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, cancelled, infra
@@ -35,6 +44,8 @@ POLL_BLOCK_S = 1.0
 STALL_S = 10.0
 # No lingering once this few results are missing: the end of a batch comes at once.
 LINGER_UNTIL_LEFT = 8
+# Fields read from the results hash per HMGET when reconciling.
+RECONCILE_CHUNK = 1000
 DEADLINE_MESSAGE = "codepool: no result before the producer's deadline"
 NO_WORKER_MESSAGE = (
     "codepool: no live worker on queue {queue!r} for {wait:.0f} s (no dispatcher heartbeat "
@@ -75,6 +86,9 @@ class Batch:
         # Redis could not be told.
         self._given_up: set[int] = set()
         self._give_up_message = GAVE_UP_MESSAGE
+        # Indices read from the results hash (reconciled): their done entry, if it is
+        # still on the list, is not a duplicate.
+        self._reconciled: set[int] = set()
 
     def __len__(self) -> int:
         return self.size
@@ -133,7 +147,9 @@ class Batch:
                     if now - progress_at >= STALL_S:
                         progress_at = now
                         pool.nudge(self.id, self.size)
+                        yield from self._reconcile()
             block_s = 0.01 if last_look else max(0.01, min(end, watch_at) - now)
+            failures = connection_failures(pool.conn)
             try:
                 popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
             except (redis.RedisError, OSError, ValueError) as exc:
@@ -143,9 +159,13 @@ class Batch:
                     raise
                 if last_look:
                     break
-                # Redis restarting: wait a little and try again until the deadline.
+                # Redis restarting: wait a little and try again until the deadline; what
+                # a reply lost on the way had popped is in the results hash.
                 pause(end, 0.5)
+                yield from self._reconcile()
                 continue
+            if connection_failures(pool.conn) != failures:
+                yield from self._reconcile()  # a pop redis-py retried may have lost some
             entries = popped[1] if popped else []
             for entry in entries:
                 index, result = codec.decode_done_entry(cast(bytes, entry))
@@ -156,6 +176,8 @@ class Batch:
                             self._results[missing] = result
                             yield missing, result
                     return
+                if index in self._reconciled:
+                    continue  # read from the results hash before its entry came
                 if index in self._results or not 0 <= index < self.size:
                     self.duplicates += 1
                     log.warning(
@@ -177,6 +199,13 @@ class Batch:
                 # of a batch is not waited for.
                 pace_s = (time.monotonic() - self.submitted) / max(1, len(self._results))
                 time.sleep(min(pool.settings.collect_linger_s, left * pace_s))
+        gave_up = not pool.closed and any(
+            i not in self._results and i not in self._given_up for i in range(self.size)
+        )
+        if gave_up:  # nobody waits for the rest now: it must not run on for nobody
+            self._stop_waiting(message)
+        if not pool.closed:  # a closed pool's client is closed (and Redis maybe gone)
+            yield from self._reconcile(stand_in=cancelled(message) if gave_up else None)
         pool.lease.through(self.id)
         pool.want_spare()  # nothing of this batch waits for it now
         for index in range(self.size):
@@ -186,6 +215,46 @@ class Batch:
                 else:
                     self._results[index] = infra(message)
                 yield index, self._results[index]
+
+    def _reconcile(self, stand_in: ExecResult | None = None) -> Iterator[tuple[int, ExecResult]]:
+        """Take what the results hash holds for the indices still missing here (their
+        done entries were lost, or are still on the list). ``stand_in``: a result that
+        stands for no result (the cancellation ``_stop_waiting`` wrote), left missing."""
+        missing = [i for i in range(self.size) if i not in self._results]
+        key = self.pool.keys.batch_results(self.id)
+        for start in range(0, len(missing), RECONCILE_CHUNK):
+            chunk = missing[start : start + RECONCILE_CHUNK]
+            try:
+                blobs = self.pool.conn.hmget(key, chunk)
+            except redis.RedisError as exc:
+                log.warning("batch %s: could not read its results hash: %s", self.id, exc)
+                return
+            for index, blob in zip(chunk, blobs, strict=True):
+                if blob is None:
+                    continue
+                result = codec.decode_result(cast(bytes, blob))
+                if result == stand_in:
+                    continue
+                result = result.replace(latency=time.monotonic() - self.submitted)
+                self._results[index] = result
+                self._reconciled.add(index)
+                yield index, result
+
+    def _stop_waiting(self, message: str) -> None:
+        """Cancel what has no result yet (its result in Redis becomes the cancellation),
+        and withdraw the batch's announcements: a collection that stops waiting. Best
+        effort: a Redis that cannot be told leaves the batch to its TTL."""
+        try:
+            cancel(
+                self.pool.conn,
+                self.pool.settings,
+                self.id,
+                run=self.run,
+                message=message,
+                withdraw=self.announcements,
+            )
+        except redis.RedisError as exc:
+            log.warning("batch %s: could not cancel what it stopped waiting for: %s", self.id, exc)
 
     def cancel(self, indices: Iterable[int] | None = None, *, message: str = "") -> int:
         """Give up on the whole batch (``indices`` None) or on some of its snippets. What
