@@ -105,38 +105,69 @@ class _Interpreter:
             try:
                 # A fork order's fds ride on its first byte: read with room for them.
                 kind, fds, _, _ = socket.recv_fds(self.control, 1, 3 * MAX_FORKS)
-                if kind == context_wire.CALL and not fds:
-                    self.spare.drop()  # the call changes the state the spare copied
-                    self._call()
-                    continue
-                if kind == context_wire.FORK:
+            except OSError:
+                kind, fds = b"", []
+            if kind == context_wire.CALL and not fds:
+                self.spare.drop()  # the call changes the state the spare copied
+                self._answer_call()
+                continue
+            if kind == context_wire.FORK:
+                try:
                     self._fork(fds)
                     continue
-                for fd in fds:
-                    os.close(fd)
-            except (OSError, struct.error):
-                pass
+                except (OSError, struct.error):
+                    pass
+            for fd in fds:
+                os.close(fd)
             # End of file (closed), a cut order or one it does not know: end.
-            shutil.rmtree(self.dir, ignore_errors=True)
-            os._exit(0)
+            self._exit(0)
+
+    def _answer_call(self) -> None:
+        """Run a call and answer it. Whatever stops the answer (the call closed or
+        replaced fd 3, a cut order) ends the context with a failure, never as a close:
+        the call must not come back ``ok`` for want of an answer."""
+        try:
+            self._call()
+        except Exception as exc:  # the call's process cannot go on serving: say why
+            why = f"the context could not answer its call: {type(exc).__name__}: {exc}\n"
+            try:
+                os.write(2, why.encode("utf-8", "backslashreplace"))
+            except OSError:
+                pass
+            self._exit(1)
+
+    def _exit(self, code: int) -> NoReturn:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os._exit(code)
 
     def _call(self) -> None:
         cpu_s, flags, code_len = context_wire.CALL_HEAD.unpack(
             self._read(context_wire.CALL_HEAD.size)
         )
         code = self._read(code_len)
+        if len(code) != code_len:
+            raise ValueError("the call's code was cut short")
         _reap_leftovers()
         before = _cpu_s()
         own = resource.getrusage(resource.RUSAGE_SELF).ru_utime
         own += resource.getrusage(resource.RUSAGE_SELF).ru_stime
-        resource.setrlimit(resource.RLIMIT_CPU, (int(own) + 1 + cpu_s, resource.RLIM_INFINITY))
+        soft = int(own) + 1 + cpu_s
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]  # open, unless a call lowered it
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
         rich = bool(flags & contract.FLAG_RICH_TRACEBACKS)
         if rich:
             runtime.remember_source(FILENAME, code)
         sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", os.fsdecode(code)]
+        me = os.getpid()
         rc = runtime.run_main(
             code, self.main, auto_print=bool(flags & contract.FLAG_AUTO_PRINT), rich=rich
         )
+        if os.getpid() != me:
+            # A process the call forked, done with its copy of the code: it ends as it
+            # would under ``python -c``; only the interpreter answers the call.
+            runtime.exit_as_python(rc)
         _flush()
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self._say(context_wire.ENDED, rc, round((_cpu_s() - before) * 1e6), rss)
@@ -247,8 +278,8 @@ def _cpu_s() -> float:
 
 
 def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
+    for name in ("stdout", "stderr"):
         try:
-            stream.flush()
-        except Exception:  # the user may have closed or replaced it
+            getattr(sys, name).flush()
+        except Exception:  # the user may have closed, replaced or deleted it
             pass

@@ -293,8 +293,11 @@ class ContextHost:
         self._close_channel(ctx)
         if ctx.host_pid and ctx.exit_code is None:
             # The reaper says how it died, in a moment; its pidfd stays to kill it with
-            # should it have only closed the socket.
-            _signal(ctx.pidfd)
+            # should it have only closed the socket. A running call may have closed it
+            # itself: it ends as it ends (the interpreter exits 1, saying why) or at its
+            # deadline, not by a kill that would read as a signal of its own.
+            if not ctx.running:
+                _signal(ctx.pidfd)
             return
         if ctx.ended is None:
             self._died(ctx, "it could not start")

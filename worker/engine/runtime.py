@@ -269,6 +269,13 @@ def run_snippet(source: bytes, *, auto_print: bool, rich: bool = False) -> NoRet
     if rich:
         remember_source(FILENAME, source)
     code = run_main(source, sys.modules["__main__"].__dict__, auto_print=auto_print, rich=rich)
+    exit_as_python(code)
+
+
+def exit_as_python(code: int) -> NoReturn:
+    """End this process as Python's own exit after the main module does, with ``code``
+    (run_main's): a snippet's first process, and any process a context call or a
+    notebook cell forked once its copy of the code is done."""
     try:
         finish_threads_and_atexit()
     except BaseException as exc:  # as Python's own exit reports it: and goes on
