@@ -27,6 +27,7 @@ from codepool.common.reaping import wait_or_kill
 from codepool.ops.bench.process_tree import children, descendants
 from codepool.ops.redis_server import RedisServer
 from codepool.ops.server_binary import find_server_binary
+from codepool.producer import CodePool
 from codepool.worker import LocalExecutor
 from codepool.worker.engine.config import FALLBACK_PREFIX
 from tests.processes import exiting, processes
@@ -395,6 +396,27 @@ def throwaway_user() -> Iterator[pwd.struct_passwd]:
 
 
 # -- Redis and worker processes (integration tests) ------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def close_leftover_pools(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every CodePool a test opens (itself or through a RemoteSandbox) is closed when the
+    test ends, so no pool's lease thread lives on in the test process; closing twice is
+    fine. Pools of module fixtures are made before this runs and are theirs to close."""
+    made: list[CodePool] = []
+    original = CodePool.__init__
+
+    def recording(pool: CodePool, *args: object, **kwargs: object) -> None:
+        made.append(pool)
+        original(pool, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CodePool, "__init__", recording)
+    yield
+    for pool in made:
+        try:
+            pool.close()
+        except AttributeError:  # its __init__ failed part-way: nothing was started
+            pass
 
 
 @pytest.fixture(scope="session")
