@@ -286,7 +286,7 @@ def build_app(service: Service) -> Starlette:
         live = await asyncio.to_thread(service.sandbox.pool.watch)
         body = {
             "ok": bool(live),
-            "live_dispatchers": live,
+            "live_hosts": live,
             "in_flight": service.in_flight,
             "slots": service.admission.slots,
             "start_wait_s": round(service.admission.wait_s(), 3),

@@ -248,7 +248,7 @@ def test_wrong_methods_and_paths(serve: Serve) -> None:
     assert requests.post(f"{serve.url}/nowhere", json={}, timeout=30).status_code == 404
     assert requests.get(f"{serve.url}/v1/ping", timeout=30).text == "pong"
     health = requests.get(f"{serve.url}/health", timeout=30).json()
-    assert health["ok"] is True and health["live_dispatchers"] >= 1
+    assert health["ok"] is True and health["live_hosts"] >= 1
 
 
 # Snippets that reach each limit under the pool's default limits (max_file_mb 16,
