@@ -113,10 +113,12 @@ class Janitor:
                 )
         return cancelled
 
-    def recover(self, name: str, live: int, *, dead: bool = False) -> int:
+    def recover(self, name: str, live: int, *, dead: bool = False, died: bool = True) -> int:
         """Fence a lapsed worker host and each of its dispatchers, or one dispatcher
-        (``dead``: its own worker host saw it die, so at once), and release what they
-        had not finished; returns how many snippets."""
+        (``dead``: at once, whatever its lease: its own worker host saw it exit, or a
+        host's new start replaced it), and release what they had not finished; returns
+        how many snippets. ``died=False``: the dispatcher exited cleanly (the log says
+        so)."""
         keys = self.keys
         if not self._fence(name, 0 if dead else self.settings.lease_s):
             return 0  # it came back, or another janitor finished it
@@ -137,7 +139,7 @@ class Janitor:
                 len(owners),
             )
         elif released:
-            what = "died" if dead else "lapsed"
+            what = ("died" if died else "exited") if dead else "lapsed"
             log.warning(
                 "janitor %s: dispatcher %s %s; released %d", self.name, name, what, released
             )

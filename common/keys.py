@@ -43,6 +43,12 @@ class Keys:
         """Set: the dispatchers registered under a worker host's lease."""
         return f"{self.prefix}host:{host}:owners"
 
+    def host_start(self, host: str) -> str:
+        """String: worker host ``host``'s latest lease (``host~{token}``, a token per
+        start, ``.N`` after N losses): the next start under the same name fences that
+        lease at once (a week's TTL, set by each lease)."""
+        return f"{self.prefix}host:{host}:start"
+
     def host_slots(self) -> str:
         """Hash: worker host (its lease's name) -> the slots it registered."""
         return f"{self.prefix}host_slots"

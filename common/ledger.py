@@ -202,24 +202,34 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return firsts
 """
 
-# KEYS: hosts, leases, the host's owners, fenced, producers, host_slots, fleet. ARGV:
-# host ('' to only watch), lease_s, janitor ('1': the janitor's round too), first ('1':
-# the host's first beat), its slots, then dispatchers new since the last beat.
+# KEYS: hosts, leases, the host's owners, fenced, producers, host_slots, fleet, then on a
+# lease's first beat the host's record of its latest lease (Keys.host_start). ARGV: the host's lease
+# ('' to only watch), lease_s, janitor ('1': the janitor's round too), first ('1': the
+# lease's first beat), its slots, then dispatchers new since the last beat.
 # A worker host's beat, one call whatever its slot count: it renews the host's lease, its
-# score in ``hosts``, which is the lease of all its dispatchers. A dispatcher is
+# score in ``hosts``, which is the lease of all its dispatchers. A lease is per start
+# (``host~{token}``, ``host~{token}.N`` after N losses): a lease's first beat records it
+# as the host's latest and answers the one it replaces (on a start's first beat: a
+# start of the same name killed -9, for the new start to fence at once). A dispatcher is
 # registered once, when it starts (``leases`` and the host's owner set); a host that was
 # fenced is not renewed (XX) and learns it was lost. The janitor's round (not every
 # beat: worker/lease.py spreads them over the fleet) lists the lapsed hosts, the fenced
 # hosts and dispatchers a janitor left unreleased for a lease (it died on the way), the
 # lapsed producers, and counts the live hosts.
-# -> {lost} or, with the round, {lost, lapsed hosts and fenced leftovers, lapsed
-#    producers, live hosts}; lost = 1 when the host was fenced.
+# -> {lost, replaced} or, with the round, {lost, replaced, lapsed hosts and fenced
+#    leftovers, lapsed producers, live hosts}; lost = 1 when the host was fenced;
+#    replaced: the lease of the host's previous start ('' for none).
 HOST_BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local lost = 0
+local lost, replaced = 0, ''
 if ARGV[1] ~= '' then
   if ARGV[4] == '1' then
+    if KEYS[8] then
+      replaced = redis.call('GET', KEYS[8]) or ''
+      if replaced == ARGV[1] then replaced = '' end
+      redis.call('SET', KEYS[8], ARGV[1], 'EX', 604800)
+    end
     redis.call('ZADD', KEYS[1], now, ARGV[1])
     if redis.call('HSETNX', KEYS[6], ARGV[1], ARGV[5]) == 1 then
       redis.call('HINCRBY', KEYS[7], 'slots', ARGV[5])
@@ -234,14 +244,14 @@ if ARGV[1] ~= '' then
     redis.call('SADD', KEYS[3], unpack(ARGV, 6, #ARGV))
   end
 end
-if ARGV[3] ~= '1' then return {lost} end
+if ARGV[3] ~= '1' then return {lost, replaced} end
 local since = now - ARGV[2]
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', since, 'LIMIT', 0, 16)
 for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', since, 'LIMIT', 0, 16)) do
   lapsed[#lapsed + 1] = name
 end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', since, 'LIMIT', 0, 16)
-return {lost, lapsed, gone, redis.call('ZCOUNT', KEYS[1], since, '+inf')}
+return {lost, replaced, lapsed, gone, redis.call('ZCOUNT', KEYS[1], since, '+inf')}
 """
 
 # KEYS: hosts, leases, fenced, host_slots, fleet. ARGV: a host or a dispatcher, lease_s
@@ -494,28 +504,34 @@ def host_beat(
     slots: int = 0,
     new: Sequence[str] = (),
     janitor: bool = False,
+    start_of: str = "",
 ) -> HostBeat:
-    """One ``HOST_BEAT`` call: renew worker host ``host``'s lease ('' only watches;
-    ``first`` takes it, registering its ``slots``) and register its ``new``
-    dispatchers; with ``janitor``, the janitor's round too."""
+    """One ``HOST_BEAT`` call: renew the worker host's lease ``host`` ('' only
+    watches; ``first`` takes it, registering its ``slots``) and register its ``new``
+    dispatchers; with ``janitor``, the janitor's round too. ``start_of`` (with
+    ``first``): the host's name: the lease is recorded as its latest, and the one it
+    replaces comes back as ``replaced``."""
+    beat_keys = [
+        keys.hosts(),
+        keys.leases(),
+        keys.host_owners(host),
+        keys.fenced(),
+        keys.producers(),
+        keys.host_slots(),
+        keys.fleet(),
+    ]
+    if start_of and first:
+        beat_keys.append(keys.host_start(start_of))
     reply = host_beat_script(
         conn,
-        [
-            keys.hosts(),
-            keys.leases(),
-            keys.host_owners(host),
-            keys.fenced(),
-            keys.producers(),
-            keys.host_slots(),
-            keys.fleet(),
-        ],
+        beat_keys,
         [host, lease_s, "1" if janitor else "0", "1" if first else "0", slots, *new],
     )
-    beat = HostBeat(lost=int(reply[0]) == 1)
+    beat = HostBeat(lost=int(reply[0]) == 1, replaced=_text(reply[1]))
     if janitor:
-        beat.lapsed = [_text(name) for name in reply[1]]
-        beat.lapsed_producers = [_text(producer) for producer in reply[2]]
-        beat.live = int(reply[3])
+        beat.lapsed = [_text(name) for name in reply[2]]
+        beat.lapsed_producers = [_text(producer) for producer in reply[3]]
+        beat.live = int(reply[4])
     return beat
 
 
@@ -526,6 +542,7 @@ class HostBeat:
     leftovers) and producers that lapsed and how many hosts are live (None without)."""
 
     lost: bool
+    replaced: str = ""  # the host's latest lease before this one, on a lease's first beat
     lapsed: list[str] = field(default_factory=list)
     lapsed_producers: list[str] = field(default_factory=list)
     live: int | None = None

@@ -232,9 +232,14 @@ class RemoteContext:
 
 
 def host_lives(pool: PoolView, host: str) -> bool:
-    """Whether worker host ``host`` holds its lease (Redis server time)."""
-    seconds, micros = pool.conn.time()
-    score = pool.conn.zscore(pool.keys.hosts(), host)
+    """Whether worker host ``host`` holds a lease (Redis server time): its latest,
+    ``host~{token}`` (``.N`` once fenced and back: a host that lost its lease and took
+    one anew still serves its contexts under its own name)."""
+    with pool.conn.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.get(pool.keys.host_start(host))
+        (seconds, micros), lease = pipe.execute()
+    score = pool.conn.zscore(pool.keys.hosts(), lease) if lease else None
     return score is not None and float(score) >= seconds + micros / 1e6 - pool.settings.lease_s
 
 

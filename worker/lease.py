@@ -4,12 +4,18 @@ all its dispatchers too: its beat renews it in one small script call
 janitor; each dispatcher reads the outcome from the host's lease board
 (worker/lease_board.py).
 
+A host's lease is per start, ``host~{token}`` (``host~{token}.N`` after N losses): a
+host killed -9 and started again at once under the same name (a container restart, a
+systemd unit) is a new lease, and its start's first beat names the lease it replaces,
+which it fences at once with that start's dispatchers, releasing what they held.
+
 A dispatcher is registered under the host's lease once, when it starts. Each host runs
 the janitor's round about every ``live hosts`` beats, and not more often than about once
 a lease, so a fleet of ``lease_s / heartbeat_s`` hosts or more looks about once a beat,
 a smaller one less often (a lone host about once a lease). A dispatcher the host sees
-die is fenced and its claims released at once; one that exits cleanly gave back what it
-claimed, and is unregistered. A host whose lease lapsed (killed, frozen, cut off) is
+exit, clean or not, is fenced and what it still held released at once (a clean exit
+gave back what it claimed; one whose give-back failed did not), retried each beat until
+it succeeds. A host whose lease lapsed (killed, frozen, cut off) is
 fenced by a janitor with all its dispatchers; if it comes back, it stops them and starts
 afresh.
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -76,7 +83,11 @@ class HostLease:
         self.settings = settings
         self.host = host
         self.slots = slots  # registered with the lease: batches are announced by them
-        self.name = host  # the lease's name: the host's, then host~N after N losses
+        self.start_token = secrets.token_hex(4)  # this start's
+        self.name = f"{host}~{self.start_token}"  # the lease's: host~{token}[.N after N losses]
+        self._losses = 0
+        self._started = False  # this start's first lease is taken (its predecessor named)
+        self._replaced: list[str] = []  # previous starts' leases to fence and release
         self.board = board
         self.on_lost = on_lost
         self.janitor = Janitor(conn, settings, name=host)
@@ -85,7 +96,6 @@ class HostLease:
         self._new: dict[int, str] = {}  # slot -> dispatcher to register
         self._exits: list[tuple[str, bool]] = []  # (owner, died) to settle
         self._taken = False  # the lease under self.name is taken
-        self._losses = 0
         self._unsettled = False  # an exit could not be settled: leave the lease to lapse
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -142,6 +152,9 @@ class HostLease:
 
     def _leave(self) -> None:
         self._settle_exits()
+        self._fence_replaced()
+        with self._lock:
+            self._unsettled = self._unsettled or bool(self._exits) or bool(self._replaced)
         if not self._taken or self._unsettled:
             return
         keys = self.settings.keys
@@ -156,6 +169,7 @@ class HostLease:
         dispatcher is to be registered); returns the monotonic time of the next beat.
         (The fleet simulator, ops/bench/fleet_sim.py, drives many hosts' ticks.)"""
         self._settle_exits()
+        self._fence_replaced()
         now = time.monotonic()
         with self._lock:
             new = bool(self._new)
@@ -186,6 +200,7 @@ class HostLease:
                 slots=self.slots,
                 new=list(new.values()),
                 janitor=janitor,
+                start_of=self.host,
             )
         except redis.RedisError as exc:
             self.janitor.in_contact(False)
@@ -200,6 +215,10 @@ class HostLease:
         trusted = self.janitor.in_contact(True)
         lost_slots: list[int] = []
         with self._lock:
+            if not self._taken and not beat.lost:
+                if beat.replaced and not self._started:  # a start killed -9 before us
+                    self._replaced.append(beat.replaced)
+                self._started = True
             if beat.lost:
                 lost_slots = sorted(self._held) + sorted(self._new)
                 for slot in lost_slots:
@@ -207,7 +226,7 @@ class HostLease:
                 self._held.clear()
                 self._new.clear()
                 self._losses += 1
-                self.name = f"{self.host}~{self._losses}"
+                self.name = f"{self.host}~{self.start_token}.{self._losses}"
                 self._taken = False
             else:
                 self._taken = True
@@ -236,30 +255,44 @@ class HostLease:
             self.janitor.abandon(beat.lapsed_producers)
 
     def _settle_exits(self) -> None:
+        """Fence each exited dispatcher and release what it still held (nothing, after
+        a clean give-back), then unregister it; what fails is tried again next time."""
         with self._lock:
             exits, self._exits = self._exits, []
             name = self.name
-        if not exits:
-            return
-        clean = [owner for owner, died in exits if not died]
         keys = self.settings.keys
-        try:
-            if clean:
-                with self.conn.pipeline(transaction=False) as pipe:
-                    pipe.zrem(keys.leases(), *clean)
-                    pipe.srem(keys.host_owners(name), *clean)
-                    for owner in clean:
-                        pipe.delete(keys.owner_batches(owner))
-                    pipe.execute()
-            for owner, died in exits:
-                if died:
-                    self.janitor.recover(owner, self.board.live(), dead=True)
-                    self.conn.srem(keys.host_owners(name), owner)
-        except redis.RedisError as exc:
-            # Still registered under the host's lease: once that lapses, a janitor
-            # recovers them.
-            self._unsettled = True
-            log.warning("worker %s: could not settle exited dispatchers: %s", self.host, exc)
+        for at, (owner, died) in enumerate(exits):
+            try:
+                self.janitor.recover(owner, self.board.live(), dead=True, died=died)
+                self.conn.srem(keys.host_owners(name), owner)
+            except redis.RedisError as exc:
+                # Still registered under the host's lease: settled on a later turn, or,
+                # if that lease lapses first, by a janitor with the host.
+                with self._lock:
+                    self._exits[:0] = exits[at:]
+                log.warning("worker %s: could not settle exited dispatchers: %s", self.host, exc)
+                return
+
+    def _fence_replaced(self) -> None:
+        """Fence the lease of this host's previous start (killed, never stopped) and
+        release what its dispatchers held; tried again next turn if Redis fails."""
+        with self._lock:
+            replaced = list(self._replaced)
+        for lease in replaced:
+            try:
+                released = self.janitor.recover(lease, self.board.live(), dead=True)
+            except redis.RedisError as exc:
+                log.warning("worker %s: could not fence its previous start: %s", self.host, exc)
+                return
+            with self._lock:
+                self._replaced.remove(lease)
+            log.warning(
+                "worker %s: started again: fenced its previous start's lease %s (%d "
+                "snippets released)",
+                self.host,
+                lease,
+                released,
+            )
 
 
 class DispatcherLease:

@@ -20,7 +20,13 @@ def test_the_host_list_holds_live_hosts_only(redis_url: str, start_worker: Start
     client.sadd(keys.host_owners("gone-a-minute"), "gone-a-minute.0.x")
     client.zadd(keys.leases(), {"gone-a-minute.0.x": now - 60})
     worker = start_worker(name="tidy")
-    wait_until(lambda: client.zscore(keys.hosts(), "tidy") is not None, what="its own entry")
+
+    def lease() -> bytes | None:
+        return client.get(keys.host_start("tidy"))  # tidy~{its start's token}
+
+    wait_until(lambda: lease() is not None, what="its own entry")
+    assert lease().startswith(b"tidy~")
+    tidy = lease()
     wait_until(
         lambda: client.zcard(keys.hosts()) == 1 and client.zcard(keys.fenced()) == 0,
         timeout_s=30,
@@ -31,7 +37,7 @@ def test_the_host_list_holds_live_hosts_only(redis_url: str, start_worker: Start
     assert client.zcard(keys.leases()) > 0  # tidy's own dispatchers, registered
     assert int(client.hget(keys.fleet(), "slots") or 0) == 2  # start_worker's -c 2
     assert worker.stop() == 0
-    assert client.zscore(keys.hosts(), "tidy") is None
-    assert client.zcard(keys.leases()) == 0 and not client.exists(keys.host_owners("tidy"))
+    assert client.zscore(keys.hosts(), tidy) is None
+    assert client.zcard(keys.leases()) == 0 and not client.exists(keys.host_owners(tidy.decode()))
     assert int(client.hget(keys.fleet(), "slots") or 0) == 0
     client.close()
