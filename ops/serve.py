@@ -45,6 +45,7 @@ from codepool.ops.context_routes import (
     OpenContexts,
     context_routes,
 )
+from codepool.ops.reward_routes import reward_routes
 from codepool.ops.sandbox_fusion import BadRequest, RequestedRun
 from codepool.producer.sandbox import RemoteSandbox
 
@@ -248,7 +249,8 @@ async def _disconnected(request: Request) -> None:
 
 def build_app(service: Service) -> Starlette:
     """The ASGI app: the two SandboxFusion endpoints, ``/v1/ping`` as SandboxFusion has
-    it, ``/health``, and the interpreter contexts' ``/contexts`` (ops/context_routes.py)."""
+    it, ``/health``, the interpreter contexts' ``/contexts`` (ops/context_routes.py) and
+    ``/run_tests`` (ops/reward_routes.py)."""
 
     def endpoint(
         parse: Callable[[Any], RequestedRun],
@@ -316,6 +318,7 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/ping", ping, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         *context_routes(service, service.contexts),
+        *reward_routes(service),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: refuse})
 
