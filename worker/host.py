@@ -34,10 +34,12 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from codepool.common.connection import redis_client
 from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
+from codepool.common.redis_url import redact
 from codepool.common.settings import DEFAULT_DRAIN_S, Settings
 from codepool.worker import host_window
 from codepool.worker.context_server import ContextServer
@@ -60,6 +62,10 @@ QUICK_EXIT_S = 10.0
 CUT_BEFORE_S = 2.0
 # The host's own Redis calls (its heartbeat, its farewell) never hold up a stop longer.
 HOST_REDIS_TIMEOUT_S = 2.0
+# At start, Redis must answer within this (a compose file that starts both at once):
+# else the worker says so in one line and exits non-zero. Once it has answered, a Redis
+# lost later is ridden out.
+START_WAIT_S = 5.0
 POLL_S = 0.05
 
 
@@ -123,6 +129,10 @@ class WorkerHost:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         try:
+            unreachable = self._unreachable_redis()
+            if unreachable is not None:
+                log.error("worker %s: %s", self.name, unreachable)
+                return 1
             self.executor = LocalExecutor(
                 concurrency=self.options.concurrency,
                 mode=self.options.mode,
@@ -168,6 +178,22 @@ class WorkerHost:
                 self._forget()
             shutil.rmtree(self._dir, ignore_errors=True)
         return 0
+
+    def _unreachable_redis(self) -> str | None:
+        """Why Redis cannot be reached now, after START_WAIT_S of tries (None: it
+        answered)."""
+        give_up = time.monotonic() + START_WAIT_S
+        while True:
+            try:
+                self.conn.ping()
+                return None
+            except redis.RedisError as exc:
+                if time.monotonic() >= give_up or self.signals:
+                    url = redact(self.settings.redis_url)
+                    # redis-py's no-primary error names the whole client in its text.
+                    why = "no sentinel named its primary" if _no_primary(exc) else str(exc)
+                    return f"cannot reach Redis at {url} within {START_WAIT_S:.0f} s: {why}"
+            time.sleep(0.5)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals += 1
@@ -326,6 +352,10 @@ class WorkerHost:
                 pipe.execute()
         except redis.RedisError:
             pass
+
+
+def _no_primary(exc: Exception) -> bool:
+    return isinstance(exc, MasterNotFoundError)
 
 
 def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
