@@ -148,7 +148,7 @@ class Snippet:
         if self.fetch_files:
             record["fetch"] = list(self.fetch_files)
         if self.cells is not None:
-            record["cells"] = list(self.cells)
+            record["cells"] = [cell_to_wire(cell) for cell in self.cells]
             if self.cell_timeout_s is not None:
                 record["cell_timeout_s"] = self.cell_timeout_s
         return record
@@ -177,11 +177,32 @@ class Snippet:
             record.get("stdin"),
             tuple((path, data) for path, data in files),
             tuple(fetch),
-            None if cells is None else tuple(cells),
+            None if cells is None else tuple(cell_from_wire(cell) for cell in cells),
             record.get("cell_timeout_s"),
         )
         snippet.check_shape()
         return snippet
+
+
+def cell_to_wire(cell: str) -> str | bytes:
+    """A cell as msgpack can carry it: as it is, or, holding a lone surrogate (which
+    UTF-8 cannot encode), its bytes with the surrogates passed through, as a snippet's
+    code goes; the child compiles it and reports it as Python would."""
+    try:
+        cell.encode("utf-8")
+    except UnicodeEncodeError:
+        return cell.encode("utf-8", "surrogatepass")
+    return cell
+
+
+def cell_from_wire(cell: Any) -> Any:
+    """``cell_to_wire`` undone (anything but bytes as it came, for check_shape)."""
+    if not isinstance(cell, bytes):
+        return cell
+    try:
+        return cell.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise WireError(f"a cell is not UTF-8: {exc}") from None
 
 
 def check_path(path: Any, what: str) -> None:

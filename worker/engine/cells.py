@@ -20,7 +20,10 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from codepool.common.autoprint import compile_snippet
+from codepool.worker.engine import runtime
 from codepool.worker.engine.runtime import (
+    evaluate,
+    exit_as_python,
     finish,
     finish_threads_and_atexit,
     format_exception,
@@ -44,6 +47,7 @@ def run_cells(
     cells: list[str], cell_timeout_s: float | None, record_fd: int | None, *, rich: bool
 ) -> NoReturn:
     assert record_fd is not None
+    runner = os.getpid()  # only this process writes records (never what a cell forks)
     main = sys.modules["__main__"]
     if cell_timeout_s is not None:
         signal.signal(signal.SIGALRM, _on_alarm(cell_timeout_s))
@@ -53,24 +57,47 @@ def run_cells(
             remember_source(name, cell)
         display: str | None = None
         error: dict[str, Any] | None = None
+        # As a snippet runs: its own argv, compiled as one (compile_snippet, no flags of
+        # the harness), run with no harness frame below it (runtime.evaluate).
+        sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", cell]
         try:
             if cell_timeout_s is not None:
                 signal.setitimer(signal.ITIMER_REAL, cell_timeout_s)
             try:
                 body, tail = compile_snippet(cell, auto_print=True, filename=name)
-                exec(body, main.__dict__)
+                evaluate(body, main.__dict__)
                 if tail is not None:
-                    value = eval(tail, main.__dict__)
+                    value = evaluate(tail, main.__dict__)
                     if value is not None and not cell.rstrip().endswith(";"):
                         display = repr(value)
             finally:
-                if cell_timeout_s is not None:
+                if cell_timeout_s is not None and os.getpid() == runner:
                     signal.setitimer(signal.ITIMER_REAL, 0)
         except BaseException as exc:  # SystemExit too: a kernel reports it and goes on
+            if os.getpid() != runner:
+                _end_fork(exc)
             error = _error(exc)
+        if os.getpid() != runner:
+            _end_fork(None)
         _record(record_fd, display, error)
     finish_threads_and_atexit()
     finish(0)
+
+
+def _end_fork(exc: BaseException | None) -> NoReturn:
+    """A process a cell forked, done with its copy of the cell: it ends as a process a
+    snippet forked does (an error printed, SystemExit's code), never running the next
+    cells or writing their records."""
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = runtime._exit_code(exc)
+    elif exc is not None:
+        try:
+            sys.stderr.write(format_exception(exc, lambda filename: filename.startswith("<cell ")))
+        except Exception:  # no stderr to print on: as Python, the exit code says it
+            pass
+        code = -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+    exit_as_python(code)
 
 
 def _on_alarm(cell_timeout_s: float) -> Any:

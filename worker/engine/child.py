@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from codepool.common import codec
 from codepool.common.limits import Limits
-from codepool.common.snippet import Snippet
+from codepool.common.snippet import Snippet, cell_from_wire, cell_to_wire
 from codepool.worker.engine import (
     cells,
     context_child,
@@ -232,7 +232,8 @@ class ChildRequest:
         extra = b""
         if snippet is not None and snippet.has_inputs:
             files = [list(pair) for pair in snippet.files]
-            fields = [snippet.stdin, files, bool(snippet.fetch_files), snippet.cells]
+            cells = None if snippet.cells is None else [cell_to_wire(c) for c in snippet.cells]
+            fields = [snippet.stdin, files, bool(snippet.fetch_files), cells]
             extra = codec.dumps([*fields, snippet.cell_timeout_s])
         elif context:  # through the inputs path: the C set-up hands such requests to Python
             extra = codec.dumps([None, [], False, None, None, True])
@@ -265,7 +266,7 @@ class ChildRequest:
             stdin=stdin,
             files=files,
             fetch=fetch,
-            cells=cells,
+            cells=None if cells is None else [cell_from_wire(cell) for cell in cells],
             cell_timeout_s=cell_timeout_s,
             context=bool(rest and rest[0]),
         )

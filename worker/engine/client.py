@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from codepool.common.errors import ContextError, ExecutorError
+from codepool.common.errors import ContextError, ExecutorError, WireError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, cancelled, infra, rejected
 from codepool.common.retry import retry_until
@@ -439,7 +439,11 @@ class SupervisorClient:
         message["limits"] = pending.limits.to_dict()
         if pending.inputs is not None:
             message["inputs"] = pending.inputs
-        frame = encode_frame(message)
+        try:
+            frame = encode_frame(message)
+        except WireError as exc:  # never out of submit, nor the reader thread's resend
+            self._finish(request_id, rejected(f"rejected: {exc}", worker=self.name))
+            return
         try:
             with self._send_lock:
                 sock.sendall(frame)

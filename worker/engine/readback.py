@@ -108,10 +108,17 @@ def notebook_cells(
     return cells
 
 
+def _text(value: Any) -> str:
+    """``value`` as text every wire can carry: a lone surrogate (a cell's error message
+    or repr may hold one; JSON brings it back) as its escape, as stderr prints it."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _display(record: dict[str, Any], max_chars: int) -> list[dict[str, str]]:
     text, chars = record.get("display"), record.get("display_chars")
     if not isinstance(text, str):
         return []
+    text = _text(text)
     total = chars if isinstance(chars, int) and chars >= len(text) else len(text)
     if total > max_chars:
         text = truncation_marker(total - max_chars) + text[-max_chars:]
@@ -126,8 +133,8 @@ def _error(error: Any, max_chars: int) -> list[dict[str, Any]]:
         lines = []
     return [
         {
-            "ename": str(error.get("ename", ""))[:200],
-            "evalue": str(error.get("evalue", ""))[-max_chars:],
-            "traceback": [str(line)[-max_chars:] for line in lines],
+            "ename": _text(error.get("ename", ""))[:200],
+            "evalue": _text(error.get("evalue", ""))[-max_chars:],
+            "traceback": [_text(line)[-max_chars:] for line in lines],
         }
     ]

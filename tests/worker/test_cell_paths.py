@@ -1,0 +1,93 @@
+"""Notebook cells are a child path like any other (worker/engine/cells.py): what a cell
+forks ends as under ``python -B -c`` and never runs the next cells or writes records;
+a cell runs as a snippet does (no harness frame, its own ``sys.orig_argv``); a lone
+surrogate anywhere in a cell comes back as a result, locally and through Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from codepool.common.snippet import Snippet
+from codepool.producer import CodePool
+from codepool.worker import LocalExecutor
+from tests.conftest import NO_NAMESPACES, StartWorker, executor_on, skip_unreadable
+from tests.worker.test_forking_snippets import CASES, FRESH_INTERPRETER, Reference
+from tests.worker.test_forking_snippets import reference as reference  # the fixture
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn", NO_NAMESPACES])
+def executor(request: pytest.FixtureRequest) -> Iterator[LocalExecutor]:
+    with executor_on(request.param) as ex:
+        yield ex
+
+
+def _as_snippet(text: str) -> str:
+    return text.replace('File "<cell 1>"', 'File "<sandbox>"')
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_what_a_cell_forks_never_runs_the_next_cells(
+    executor: LocalExecutor, reference: Reference, case: str
+) -> None:
+    if case in FRESH_INTERPRETER:
+        skip_unreadable(executor, "this start method starts the interpreter afresh")
+    code = CASES[case]
+    r = executor.run("", cells=[code, "print('mine')", "print('last')"], timeout_s=30.0)
+    assert r.ok and len(r.cells) == 3, r  # six records before, for the first case
+    first, mine, last = r.cells
+    stdout, stderr, _ = reference(code)
+    assert (first["stdout"], _as_snippet(first["stderr"]), first["error"]) == (stdout, stderr, [])
+    assert (mine["stdout"], last["stdout"]) == ("mine\n", "last\n")
+
+
+def test_a_cell_sees_no_harness(executor: LocalExecutor) -> None:
+    probe = (
+        "import sys, traceback\n"
+        "print(len(traceback.format_stack()), sys._getframe().f_back is None)\n"
+        "print(sys.orig_argv[1:])"
+    )
+    snippet = executor.run(probe)
+    r = executor.run("", cells=["x = 1", probe])
+    lines = r.cells[1]["stdout"].splitlines()
+    assert lines[1] == str(["-B", "-c", probe])  # the zygote's argv before
+    assert lines[0] == snippet.stdout.splitlines()[0]  # cells.py and zygote.py frames before
+
+
+SURROGATES = [
+    "x = '\ud800'",  # the source itself: compiled as the reference compiles it
+    "raise ValueError('\\ud800')",  # the error message
+    "class A:\n    def __repr__(self):\n        return '\\ud800'\nA()",  # the display
+]
+
+
+def test_a_lone_surrogate_in_a_cell_is_a_result(executor: LocalExecutor) -> None:
+    # Each raised WireError out of run (the first two), or killed the zygote (infra),
+    # and the first left the executor's reader thread dead: every later call hung.
+    r = executor.run("", cells=[*SURROGATES, "print('after')"], timeout_s=10.0)
+    assert r.ok, r
+    source, message, display = r.cells[:3]
+    assert source["error"][0]["ename"] == "UnicodeEncodeError"
+    assert "surrogates not allowed" in source["error"][0]["evalue"]
+    assert message["error"][0]["evalue"] == "\\ud800"
+    assert display["display"] == [{"text/plain": "\\ud800"}]
+    assert r.cells[3]["stdout"] == "after\n"
+    assert executor.run("print(1)", timeout_s=10.0).stdout == "1\n"
+
+
+def test_a_lone_surrogate_in_a_cell_through_redis(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+    try:
+        snippets = [Snippet.make(cells=[*SURROGATES, "print('after')"]), "print('plain')"]
+        notebook, plain = pool.submit(snippets, timeout_s=10.0).results(timeout_s=60)
+        assert notebook.ok and notebook.cells[3]["stdout"] == "after\n", notebook
+        assert notebook.cells[1]["error"][0]["evalue"] == "\\ud800"
+        assert plain.stdout == "plain\n"
+    finally:
+        pool.close()
