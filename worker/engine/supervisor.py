@@ -66,11 +66,23 @@ CONTEXT_UID_BLOCK = 2048
 CONTEXT_UID_BASE = 100_000_000
 
 
+# What may wait in one client's outbox (frames it has not read yet) before the client
+# is dropped as stuck. Its results are bounded by its requests; this bounds a bug.
+MAX_OUTBOX_BYTES = 256 << 20
+
+
 @dataclass
 class Client:
+    """A connection to a client (the owning executor, or an attached dispatcher). Its
+    socket is non-blocking: what it does not read yet waits in its outbox, so a client
+    that stalls (a dispatcher stopped, or blocked on Redis) never holds the loop, its
+    deadlines and its reaping."""
+
     sock: socket.socket
     owner: bool
     reader: FrameReader = field(default_factory=FrameReader)
+    outbox: bytearray = field(default_factory=bytearray)
+    broken: bool = False  # a write failed or its outbox overflowed: to be dropped
 
 
 @dataclass
@@ -161,6 +173,7 @@ class Supervisor:
             unwatch=self.selector.unregister,
         )
         self.stopping = False
+        self._broken: list[Client] = []  # clients to drop (_break)
         # Cleared when a waiting child dies during setup, so a host that refuses our
         # setup does not spin cloning children nobody asked for.
         self.prefork = True
@@ -175,7 +188,7 @@ class Supervisor:
     # -- clients -------------------------------------------------------------------
 
     def _add_client(self, sock: socket.socket, *, owner: bool) -> None:
-        sock.setblocking(True)
+        sock.setblocking(False)
         client = Client(sock, owner)
         self.selector.register(sock, selectors.EVENT_READ, ("client", client))
         uids = [self.uid_base, self.uid_base + self.uid_slots] if self.state.separate_uid else None
@@ -203,16 +216,47 @@ class Supervisor:
         self._add_client(sock, owner=False)
 
     def _send(self, client: Client | None, message: dict[str, Any]) -> None:
-        if client is None:
+        """Queue a frame for ``client`` and send what its socket takes now; the rest goes
+        out as it becomes writable (_flush). Never waits."""
+        if client is None or client.broken:
             return
+        client.outbox += encode_frame(message)
+        if len(client.outbox) > MAX_OUTBOX_BYTES:
+            log.error("a client read nothing of %d bytes sent to it; dropping it", MAX_OUTBOX_BYTES)
+            self._break(client)
+            return
+        self._flush(client)
+
+    def _flush(self, client: Client) -> None:
+        """Send what the socket takes of ``client``'s outbox; watch for writability
+        while something is left."""
+        had = bool(client.outbox)
         try:
-            client.sock.sendall(encode_frame(message))
+            while client.outbox:
+                sent = client.sock.send(client.outbox)
+                del client.outbox[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
         except OSError:
             log.warning("client went away before its result could be sent")
+            self._break(client)
+            return
+        if client.outbox or had:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbox else 0)
+            self.selector.modify(client.sock, events, ("client", client))
+
+    def _break(self, client: Client) -> None:
+        """Drop ``client`` at the top of the loop, not in the middle of a handler that
+        may be walking what a drop changes."""
+        client.broken = True
+        client.outbox.clear()
+        self._broken.append(client)
 
     def _on_client(self, client: Client) -> None:
         try:
             data = client.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
         except OSError:
             data = b""
         if not data:
@@ -228,6 +272,8 @@ class Supervisor:
             self._on_message(client, message)
 
     def _drop_client(self, client: Client) -> None:
+        if client.sock.fileno() < 0:
+            return  # dropped already
         self.selector.unregister(client.sock)
         client.sock.close()
         if client.owner:
@@ -579,15 +625,22 @@ class Supervisor:
     def serve(self) -> None:
         try:
             while not self.stopping:
+                while self._broken:
+                    self._drop_client(self._broken.pop())
+                if self.stopping:
+                    break
                 self._dispatch()
                 timeout = self._expire_deadlines()
                 until = self.contexts.expire(time.monotonic())
                 if until is not None and (timeout is None or until < timeout):
                     timeout = until
-                for key, _ in self.selector.select(timeout):
+                for key, mask in self.selector.select(timeout):
                     kind, obj = key.data
                     if kind == "client":
-                        self._on_client(obj)
+                        if mask & selectors.EVENT_WRITE:
+                            self._flush(obj)
+                        if mask & selectors.EVENT_READ and not obj.broken:
+                            self._on_client(obj)
                     elif kind == "listener":
                         self._accept()
                     elif kind == "zygote":
@@ -606,7 +659,21 @@ class Supervisor:
     def _on_context_readable(self, ctx: context_host.Ctx) -> None:
         self.contexts.on_readable(ctx)
 
+    def _flush_before_exit(self, budget_s: float = 1.0) -> None:
+        """What clients have not read yet gets one bounded try on the way out."""
+        ends = time.monotonic() + budget_s
+        for key in list(self.selector.get_map().values()):
+            kind, client = key.data
+            if kind != "client" or not client.outbox or client.broken:
+                continue
+            try:
+                client.sock.settimeout(max(0.01, ends - time.monotonic()))
+                client.sock.sendall(client.outbox)
+            except OSError:
+                pass
+
     def shutdown(self) -> None:
+        self._flush_before_exit()
         children = [*self.running.values(), *self.dying.values(), *self.contexts.shutdown()]
         children += [child for warm in self.warm_children.values() for child in warm]
         for child in children:
