@@ -48,11 +48,11 @@ from codepool.worker.engine import (
 )
 from codepool.worker.engine.child import ChildRequest
 from codepool.worker.engine.config import FALLBACK_PREFIX, ZygoteConfig, enter, send_config
+from codepool.worker.engine.connection import Client
 from codepool.worker.engine.contract import READY
 from codepool.worker.engine.protocol import (
     CLONE_REPLY,
     CLONE_REQUEST,
-    FrameReader,
     encode_frame,
 )
 
@@ -64,25 +64,8 @@ UID_BLOCK = 64
 # snippets' (so max_contexts is at most half this).
 CONTEXT_UID_BLOCK = 2048
 CONTEXT_UID_BASE = 100_000_000
-
-
-# What may wait in one client's outbox (frames it has not read yet) before the client
-# is dropped as stuck. Its results are bounded by its requests; this bounds a bug.
-MAX_OUTBOX_BYTES = 256 << 20
-
-
-@dataclass
-class Client:
-    """A connection to a client (the owning executor, or an attached dispatcher). Its
-    socket is non-blocking: what it does not read yet waits in its outbox, so a client
-    that stalls (a dispatcher stopped, or blocked on Redis) never holds the loop, its
-    deadlines and its reaping."""
-
-    sock: socket.socket
-    owner: bool
-    reader: FrameReader = field(default_factory=FrameReader)
-    outbox: bytearray = field(default_factory=bytearray)
-    broken: bool = False  # a write failed or its outbox overflowed: to be dropped
+# What a stopping supervisor gives its clients' unsent results, all together (seconds).
+EXIT_FLUSH_S = 1.0
 
 
 @dataclass
@@ -173,7 +156,7 @@ class Supervisor:
             unwatch=self.selector.unregister,
         )
         self.stopping = False
-        self._broken: list[Client] = []  # clients to drop (_break)
+        self._broken: list[Client] = []  # clients to drop (_sent)
         # Cleared when a waiting child dies during setup, so a host that refuses our
         # setup does not spin cloning children nobody asked for.
         self.prefork = True
@@ -216,41 +199,21 @@ class Supervisor:
         self._add_client(sock, owner=False)
 
     def _send(self, client: Client | None, message: dict[str, Any]) -> None:
-        """Queue a frame for ``client`` and send what its socket takes now; the rest goes
-        out as it becomes writable (_flush). Never waits."""
-        if client is None or client.broken:
-            return
-        client.outbox += encode_frame(message)
-        if len(client.outbox) > MAX_OUTBOX_BYTES:
-            log.error("a client read nothing of %d bytes sent to it; dropping it", MAX_OUTBOX_BYTES)
-            self._break(client)
-            return
-        self._flush(client)
+        """Send ``message`` to ``client`` as far as its socket takes it now; the rest
+        waits in its outbox (worker/engine/connection.py). Never waits."""
+        if client is not None and not client.broken:
+            self._sent(client, client.push(encode_frame(message)))
 
-    def _flush(self, client: Client) -> None:
-        """Send what the socket takes of ``client``'s outbox; watch for writability
-        while something is left."""
-        had = bool(client.outbox)
-        try:
-            while client.outbox:
-                sent = client.sock.send(client.outbox)
-                del client.outbox[:sent]
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:
-            log.warning("client went away before its result could be sent")
-            self._break(client)
+    def _sent(self, client: Client, alive: bool) -> None:
+        """Watch a client for writability while its outbox holds something; a broken
+        one is dropped at the top of the loop, not inside a handler that may be
+        walking what a drop changes."""
+        if not alive:
+            self._broken.append(client)
             return
-        if client.outbox or had:
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbox else 0)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbox else 0)
+        if self.selector.get_key(client.sock).events != events:
             self.selector.modify(client.sock, events, ("client", client))
-
-    def _break(self, client: Client) -> None:
-        """Drop ``client`` at the top of the loop, not in the middle of a handler that
-        may be walking what a drop changes."""
-        client.broken = True
-        client.outbox.clear()
-        self._broken.append(client)
 
     def _on_client(self, client: Client) -> None:
         try:
@@ -274,6 +237,7 @@ class Supervisor:
     def _drop_client(self, client: Client) -> None:
         if client.sock.fileno() < 0:
             return  # dropped already
+        client.broken = True  # nothing more is sent to it
         self.selector.unregister(client.sock)
         client.sock.close()
         if client.owner:
@@ -637,8 +601,8 @@ class Supervisor:
                 for key, mask in self.selector.select(timeout):
                     kind, obj = key.data
                     if kind == "client":
-                        if mask & selectors.EVENT_WRITE:
-                            self._flush(obj)
+                        if mask & selectors.EVENT_WRITE and not obj.broken:
+                            self._sent(obj, obj.flush())
                         if mask & selectors.EVENT_READ and not obj.broken:
                             self._on_client(obj)
                     elif kind == "listener":
@@ -659,21 +623,11 @@ class Supervisor:
     def _on_context_readable(self, ctx: context_host.Ctx) -> None:
         self.contexts.on_readable(ctx)
 
-    def _flush_before_exit(self, budget_s: float = 1.0) -> None:
-        """What clients have not read yet gets one bounded try on the way out."""
-        ends = time.monotonic() + budget_s
-        for key in list(self.selector.get_map().values()):
-            kind, client = key.data
-            if kind != "client" or not client.outbox or client.broken:
-                continue
-            try:
-                client.sock.settimeout(max(0.01, ends - time.monotonic()))
-                client.sock.sendall(client.outbox)
-            except OSError:
-                pass
-
     def shutdown(self) -> None:
-        self._flush_before_exit()
+        ends = time.monotonic() + EXIT_FLUSH_S  # what clients have not read: one try
+        for key in list(self.selector.get_map().values()):
+            if key.data[0] == "client":
+                key.data[1].flush_before_exit(ends - time.monotonic())
         children = [*self.running.values(), *self.dying.values(), *self.contexts.shutdown()]
         children += [child for warm in self.warm_children.values() for child in warm]
         for child in children:
