@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,9 +24,7 @@ from starlette.routing import Route
 from codepool.common.case_formats import sandbox_fusion_cases
 from codepool.common.errors import CodepoolError, ConfigError
 from codepool.common.reward_tests import DEFAULT_TIMEOUT_S, Case, CaseResult
-
-if TYPE_CHECKING:
-    from codepool.ops.serve import Service
+from codepool.ops.context_routes import Service  # what routes need of the server
 
 FIELDS = ("candidate", "cases", "prefix", "ground_truth", "timeout_s", "memory_mb")
 CASE_FIELDS = ("code", "stdin", "expected_stdout")

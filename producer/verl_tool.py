@@ -44,6 +44,9 @@ from codepool.producer.sandbox import RemoteSandbox
 from codepool.producer.verl_reward import compute_score
 
 T = TypeVar("T")
+# What verl's tool YAML names as ``class_name``: verl imports this module by its name.
+MODULE = "codepool.producer.verl_tool"
+CLASS_NAME = MODULE + ".CodepoolTool"
 CONTEXT_FIELD = "codepool_context"  # where a trajectory's context sits in AgentData
 DEFAULT_SCHEMA = {
     "type": "function",

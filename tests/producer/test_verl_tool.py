@@ -70,8 +70,11 @@ def check(messages: list[str], seed: int) -> None:
         assert (want in message) if turn == 5 else (message == want), (turn, message)
 
 
-def make_tool(redis_url: str, module: Any = verl_tool, **config: Any) -> Any:
-    return module.CodepoolTool({"redis_url": redis_url, "default_timeout": 10, **config}, None)
+def make_tool(redis_url: str, **config: Any) -> Any:
+    """The tool as verl's registry makes it from the YAML: the class by its name."""
+    module_name, class_name = verl_tool.CLASS_NAME.rsplit(".", 1)
+    tool_class = getattr(importlib.import_module(module_name), class_name)
+    return tool_class({"redis_url": redis_url, "default_timeout": 10, **config}, None)
 
 
 def test_ten_turns_keep_their_state_as_the_agent_loop_drives_it(
