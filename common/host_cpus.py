@@ -133,8 +133,34 @@ class _Hierarchy:
         return quota_us / period_us, path
 
 
-def _cpu_hierarchies(memberships: list[str], mounts: list[str]) -> list[_Hierarchy]:
-    """The v2 hierarchy and v1's ``cpu`` controller hierarchy, where mounted, with this
+def cgroup_dirs(controller: str, *, proc_self: str = "/proc/self") -> list[tuple[int, list[str]]]:
+    """Per cgroup hierarchy that can hold ``controller``'s limits (v2, and v1's
+    ``controller`` hierarchy): its version and the cgroup directories from this
+    process's own up to the mount point (common/host_memory.py reads memory limits
+    there). Empty off Linux or without a cgroup file system."""
+    try:
+        with open(os.path.join(proc_self, "cgroup")) as f:
+            memberships = f.read().splitlines()
+        with open(os.path.join(proc_self, "mountinfo")) as f:
+            mounts = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for hierarchy in _cpu_hierarchies(memberships, mounts, controller):
+        directory, dirs = hierarchy.directory, []
+        while True:
+            dirs.append(directory)
+            if directory == hierarchy.mount_point or len(directory) <= len(hierarchy.mount_point):
+                break
+            directory = os.path.dirname(directory)
+        found.append((hierarchy.version, dirs))
+    return found
+
+
+def _cpu_hierarchies(
+    memberships: list[str], mounts: list[str], controller: str = "cpu"
+) -> list[_Hierarchy]:
+    """The v2 hierarchy and v1's ``controller`` hierarchy, where mounted, with this
     process's cgroup in each (``/proc/self/cgroup`` against ``/proc/self/mountinfo``)."""
     paths: dict[int, str] = {}  # version -> the cgroup path of this process
     for line in memberships:
@@ -144,7 +170,7 @@ def _cpu_hierarchies(memberships: list[str], mounts: list[str]) -> list[_Hierarc
         _, controllers, path = parts
         if controllers == "":
             paths[2] = path
-        elif "cpu" in controllers.split(","):
+        elif controller in controllers.split(","):
             paths[1] = path
     found = []
     for line in mounts:
@@ -158,7 +184,7 @@ def _cpu_hierarchies(memberships: list[str], mounts: list[str]) -> list[_Hierarc
         fstype, options = fields[dash + 1], fields[dash + 3].split(",")
         if fstype == "cgroup2":
             version = 2
-        elif fstype == "cgroup" and "cpu" in options:
+        elif fstype == "cgroup" and controller in options:
             version = 1
         else:
             continue

@@ -189,6 +189,7 @@ class HostLease:
         with self._lock:
             new = dict(self._new)
         now = time.monotonic()
+        sent_ns = time.monotonic_ns()  # the lease holds from when the beat left, at most
         janitor = now >= self._janitor_at
         try:
             beat = host_beat(
@@ -235,7 +236,7 @@ class HostLease:
                         del self._new[slot]
                         self._held[slot] = owner
                         self.board.set(slot, HELD)
-        self.board.answered(beat.live)
+        self.board.answered(beat.live, sent_ns=sent_ns)
         if beat.lost:
             log.warning(
                 "worker %s: its lease lapsed and its snippets were released elsewhere; "

@@ -3,7 +3,7 @@
 The worker host holds the leases of all its dispatchers (worker/lease.py); each
 dispatcher must still know, before it writes a result, whether its own lease certainly
 holds. The host says so in a small file in its private dir, mapped by every dispatcher:
-a header with the monotonic time of the last beat Redis answered and the live hosts
+a header with the monotonic time the last beat Redis answered was sent and the live hosts
 from the last janitor's round, then one cell per dispatcher slot with the state of the
 lease of the dispatcher in that slot. Only the host writes; CLOCK_MONOTONIC is the
 same clock in every process of the host.
@@ -41,11 +41,14 @@ class LeaseBoard:
             os.close(fd)
         self.dispatchers = dispatchers
 
-    def answered(self, live: int | None) -> None:
-        """A beat was answered now (and a janitor's round counted ``live`` hosts)."""
+    def answered(self, live: int | None, *, sent_ns: int | None = None) -> None:
+        """A beat was answered (and a janitor's round counted ``live`` hosts): the
+        lease is renewed as of when that beat was sent, ``sent_ns`` (monotonic; default
+        now), not when its reply came: a reply held up by a stalled Redis or network
+        renewed the lease at the server before it arrived here."""
         if live is None:
             live = self.live()
-        HEADER.pack_into(self._map, 0, time.monotonic_ns(), live)
+        HEADER.pack_into(self._map, 0, time.monotonic_ns() if sent_ns is None else sent_ns, live)
 
     def age_s(self) -> float:
         """Seconds since the last answered beat."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from codepool.common.errors import ConfigError, ExecutorError
 from codepool.common.host_cpus import default_slots
+from codepool.common.host_memory import usable_mb
 from codepool.common.limits import Limits
 from codepool.common.reaping import wait_or_kill
 from codepool.worker.engine.client import SupervisorClient
@@ -225,12 +226,12 @@ class LocalExecutor(SupervisorClient):
         return self
 
 
-def default_max_contexts() -> int:
-    """One live context per 256 MiB of the host's memory, from 4 to 1024: an idle
+def default_max_contexts(*, proc_self: str = "/proc/self") -> int:
+    """One live context per 256 MiB of the memory the host may use (its cgroup's limit
+    where lower than its physical memory: a container's), from 4 to 1024: an idle
     context holds the pages it wrote since its fork (tens of MiB for a numpy session)."""
-    try:
-        total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
-    except (ValueError, OSError):
+    total_mb = usable_mb(proc_self=proc_self)
+    if total_mb is None:
         return 4
     return max(4, min(1024, total_mb // 256))
 
