@@ -25,14 +25,16 @@ import asyncio
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 
 from codepool.common.codec import decode_result
 from codepool.common.context_requests import ContextReply, ContextRequest, new_id
-from codepool.common.errors import CodepoolError
+from codepool.common.errors import CodepoolError, RedisUnavailable
 from codepool.common.result import ExecResult, not_run, rejected
+from codepool.common.retry import retry_until
 
 if TYPE_CHECKING:
     from codepool.producer.pool_view import PoolView
@@ -43,6 +45,11 @@ LIVENESS_EVERY_S = 1.0  # how often a waiting call looks whether its host still 
 DEFAULT_TTL_S = 300.0  # the executors' default context_ttl_s
 REQUESTS_TTL_S = 3600  # a dead host's request list expires
 RECORD_MARGIN_S = 5  # the Redis record outlives the host's idle TTL by this much
+# What a Redis that restarts, loads its AOF or fails over looks like: ridden out.
+OUTAGE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+OUTAGE_PAUSE_S = 0.5
+
+T = TypeVar("T")
 
 
 class ContextLost(CodepoolError):
@@ -77,7 +84,15 @@ class RemoteContext:
     # -- calls -----------------------------------------------------------------------
 
     def run_code(self, code: str, **limits: Any) -> ExecResult:
-        """Run ``code`` in this context; the ExecResult of this call alone."""
+        """Run ``code`` in this context; the ExecResult of this call alone (``infra``
+        when Redis stayed unreachable past the call's timeout and a margin: the context
+        lives on)."""
+        try:
+            return self._run_code(code, **limits)
+        except RedisUnavailable as exc:
+            return not_run("infra", f"codepool: {exc}")
+
+    def _run_code(self, code: str, **limits: Any) -> ExecResult:
         with self._lock:
             if self.ended is not None:
                 return rejected(f"rejected: the context ended: {self.ended}")
@@ -184,25 +199,45 @@ class RemoteContext:
 
     def _ask(self, request: ContextRequest, timeout_s: float) -> ContextReply | None:
         """Send ``request`` to the host and wait for its reply; None when the host
-        lapsed meanwhile or did not answer within ``timeout_s`` and a margin."""
+        lapsed meanwhile or did not answer within ``timeout_s`` and a margin. A Redis
+        that restarts or fails over meanwhile is ridden out, as a batch's collection
+        does; RedisUnavailable if it is still gone at that deadline."""
         keys, conn = self.pool.keys, self.pool.conn
         requests_key = keys.host_requests(self.host)
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.rpush(requests_key, request.encode())
-            pipe.expire(requests_key, REQUESTS_TTL_S)
-            pipe.expire(keys.context(self.id), int(self.ttl_s) + RECORD_MARGIN_S)
-            pipe.execute()
         deadline = time.monotonic() + timeout_s + REPLY_MARGIN_S
+
+        def push() -> None:
+            with conn.pipeline(transaction=False) as pipe:
+                pipe.rpush(requests_key, request.encode())
+                pipe.expire(requests_key, REQUESTS_TTL_S)
+                pipe.expire(keys.context(self.id), int(self.ttl_s) + RECORD_MARGIN_S)
+                pipe.execute()
+
+        # The host drops a request id it has seen (worker/context_server.py), so a push
+        # whose reply was lost may be sent again.
+        self._riding_out(deadline, push)
         reply_key = keys.context_reply(request.id)
         while True:
             wait_s = min(LIVENESS_EVERY_S, deadline - time.monotonic())
             if wait_s <= 0:
                 return None
-            popped = conn.blpop([reply_key], timeout=max(0.01, wait_s))
+
+            def wait(wait_s: float = wait_s) -> tuple[Any, bool]:
+                popped = conn.blpop([reply_key], timeout=max(0.01, wait_s))
+                return popped, popped is not None or host_lives(self.pool, self.host)
+
+            popped, lives = self._riding_out(deadline, wait)
             if popped is not None:
                 return ContextReply.decode(cast(list[bytes], popped)[1])
-            if not host_lives(self.pool, self.host):
+            if not lives:
                 return None
+
+    def _riding_out(self, deadline: float, attempt: Callable[[], T]) -> T:
+        """``attempt`` until it gets through to Redis, until ``deadline``."""
+        try:
+            return retry_until(deadline, attempt, errors=OUTAGE_ERRORS, pause_s=OUTAGE_PAUSE_S)
+        except OUTAGE_ERRORS as exc:
+            raise RedisUnavailable(f"context {self.id}: Redis unreachable: {exc}") from exc
 
     def _lost(self, timeout_s: float) -> ExecResult | None:
         """The host is lost: rebuild here (None: rebuilt) or say why it cannot be."""

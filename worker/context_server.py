@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -32,6 +32,9 @@ from codepool.worker.engine.executor import LocalExecutor
 log = logging.getLogger(__name__)
 
 BLOCK_S = 30
+# Request ids remembered, so a request a producer sent again (its push's reply lost to
+# a Redis restart) is not run twice.
+SEEN_IDS = 4096
 REPLY_TTL_S = 60
 _STOP = object()
 
@@ -51,6 +54,7 @@ class ContextServer:
         self._lock = threading.Lock()
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._counts: Counter[str] = Counter()  # counters to add with the next reply
+        self._seen: OrderedDict[str, None] = OrderedDict()  # request ids taken (reader's)
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._read, name="codepool-contexts", daemon=True)
         self._writer = threading.Thread(target=self._write, name="codepool-replies", daemon=True)
@@ -98,6 +102,12 @@ class ContextServer:
             except WireError as exc:
                 log.error("worker %s: dropped a context request: %s", self.host, exc)
                 continue
+            if request.id in self._seen:
+                log.warning("worker %s: context request %s came twice", self.host, request.id)
+                continue
+            self._seen[request.id] = None
+            if len(self._seen) > SEEN_IDS:
+                self._seen.popitem(last=False)
             try:
                 self._take(request)
             except Exception as exc:  # a bad request must not stop the server
