@@ -26,6 +26,7 @@ from codepool.common.ledger import (
     release_script,
     write_script,
 )
+from codepool.common.lone_calls import requeue_host_calls
 from codepool.common.queueing import announce, announcements_for, batch_of_job, batch_queue
 from codepool.common.result import infra
 from codepool.common.rq_records import retire_worker
@@ -130,6 +131,8 @@ class Janitor:
             self._fence(owner, 0)
             released += self._release_all(owner, live)
         released += self._release_all(name, live)
+        # Its lone calls (common/lone_calls.py) are listed under the host's own name.
+        requeue_host_calls(self.conn, keys, name.split("~")[0], janitor=self.name)
         if owners:
             log.warning(
                 "janitor %s: worker host %s lapsed; released %d snippets of its %d dispatchers",

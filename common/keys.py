@@ -71,6 +71,26 @@ class Keys:
         """List: the one msgpack reply to a context request (expires in a minute)."""
         return f"{self.prefix}reply:{request_id}"
 
+    def calls(self) -> str:
+        """List: lone calls waiting for a worker host with a free slot (msgpack
+        ``common/lone_calls.py`` records, oldest first); every host's call server pops it."""
+        return f"{self.prefix}calls"
+
+    def host_calls(self, host: str) -> str:
+        """List: the lone calls a worker host took and has not answered yet; a janitor
+        puts them back on ``calls`` when the host lapses."""
+        return f"{self.prefix}host:{host}:calls"
+
+    def inbox(self, producer: str) -> str:
+        """List: replies to one producer's lone calls (msgpack ``[call id, result]``),
+        popped by its one reader thread; expires when nobody reads it."""
+        return f"{self.prefix}inbox:{producer}"
+
+    def calls_cancel_channel(self) -> str:
+        """Pub/sub channel: the id of a lone call its caller gave up on; the host
+        running it kills it."""
+        return f"{self.prefix}calls:cancel"
+
     def fenced(self) -> str:
         """Sorted set: worker host or dispatcher -> when a janitor fenced it (Redis
         server time, s), until its work is released."""

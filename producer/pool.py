@@ -42,6 +42,7 @@ from codepool.common.settings import Settings
 from codepool.common.snippet import INPUT_KEYWORDS
 from codepool.common.wire import RUN_TAG_MAX_CHARS, BatchJob, new_batch_id
 from codepool.producer.batch import POLL_BLOCK_S, Batch
+from codepool.producer.calls import CallChannel
 from codepool.producer.context import RemoteContext, open_context
 from codepool.producer.lease import ProducerLease, producer_name
 from codepool.producer.pool_view import Stored
@@ -99,6 +100,16 @@ class CodePool:
         self._watch_lock = threading.Lock()
         self._watched_at = -1e9
         self._watched: int | None = None
+        self._calls: CallChannel | None = None
+
+    @property
+    def calls(self) -> CallChannel:
+        """This producer's lone calls (producer/calls.py): one snippet at a time on the
+        fleet's open work channels, no RQ job."""
+        with self._watch_lock:
+            if self._calls is None:
+                self._calls = CallChannel(self)
+            return self._calls
 
     def submit(
         self,
@@ -354,6 +365,8 @@ class CodePool:
             return
         self._closed = True
         self._spare_wanted.set()
+        if self._calls is not None:
+            self._calls.close()
         quick = redis_client(
             self.settings.replace(
                 socket_timeout_s=CLOSE_TIMEOUT_S, connect_timeout_s=CLOSE_TIMEOUT_S

@@ -1,11 +1,13 @@
 """RemoteSandbox: drop-in for the reference ``LocalPythonSandbox``, backed by the pool.
 
-Concurrent ``arun_code``/``run_code`` calls are coalesced: the first call of a burst
-waits ``linger_s`` for company, then up to ``max_batch`` calls go out as one batch, which
-every live host shares. So a rollout's ``asyncio.gather(*(sb.arun_code(c) for c in
-codes))`` becomes one or a few batches. Calls resolve concurrent futures from background
-threads, so the same sandbox works under a new ``asyncio.run`` per step, and from plain
-threads.
+A call that finds few others waiting (at most ``LONE_UP_TO``: an agent's tool call
+among independent agents) goes out at once, without linger, as a lone call on the
+fleet's open work channels (producer/calls.py): no RQ job, a few Redis commands. A
+burst (a rollout's ``asyncio.gather(*(sb.arun_code(c) for c in codes))``) is coalesced:
+it waits ``linger_s`` for company, then up to ``max_batch`` calls go out as one batch,
+which every live host shares. With no live host, every call goes as a batch (which
+waits for hosts to come). Calls resolve concurrent futures from background threads, so
+the same sandbox works under a new ``asyncio.run`` per step, and from plain threads.
 
 A call its caller gives up on (``arun_code`` cancelled, directly or by ``wait_for``; a
 cancelled ``submit`` future) is cancelled in its batch, and only there: its batch mates
@@ -27,8 +29,11 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from codepool.common.cancellation import CLOSED_MESSAGE
 from codepool.common.errors import CodepoolError
+from codepool.common.limits import Limits
 from codepool.common.observation import DEFAULT_MARKERS, format_tool_content
 from codepool.common.result import CANCELLED, ExecResult, cancelled, infra
 from codepool.common.reward_tests import DEFAULT_TIMEOUT_S, Case, CaseResult, arun_tests, run_tests
@@ -36,9 +41,12 @@ from codepool.common.sandbox_stats import SandboxStats
 from codepool.common.settings import Settings
 from codepool.common.snippet import split_inputs
 from codepool.producer.context import RemoteContext
-from codepool.producer.pool import Batch, CodePool
+from codepool.producer.pool import Batch, CodePool, _limits_with
 
 log = logging.getLogger(__name__)
+
+# Calls found waiting together up to this many go out as lone calls, more as a batch.
+LONE_UP_TO = 16
 
 
 @dataclass(eq=False)
@@ -54,6 +62,7 @@ class _Call:
     batch: Batch | None = None
     index: int = -1
     given_up: bool = False
+    lone: Future[ExecResult] | None = None  # sent as a lone call: its channel future
 
 
 class RemoteSandbox:
@@ -62,6 +71,7 @@ class RemoteSandbox:
 
     url: Redis URL (default ``$REDIS_URL``). timeout: seconds per snippet.
     run: run tag for the pool's per-run stats. linger_s / max_batch: coalescing.
+    lone: send calls that come alone as lone calls (False: every call in a batch).
     deadline_s: a backstop per batch: what has no result by then is infra (default:
         timeout plus a margin for queueing; lost workers are recovered through their
         leases long before). Other keywords: Limits fields.
@@ -77,6 +87,7 @@ class RemoteSandbox:
         max_batch: int = 1024,
         deadline_s: float | None = None,
         max_collectors: int = 64,
+        lone: bool = True,
         markers: Mapping[str, str] = DEFAULT_MARKERS,
         settings: Settings | None = None,
         **limits: Any,
@@ -85,6 +96,7 @@ class RemoteSandbox:
         self.run = run
         self.linger_s = linger_s
         self.max_batch = max_batch
+        self.lone = lone
         self.deadline_s = deadline_s  # None: each batch's timeout plus 300 s
         self.markers = markers
         self.limits = dict(limits, timeout_s=timeout)
@@ -128,7 +140,10 @@ class RemoteSandbox:
         with self._count_lock:
             call.given_up = True
             submitted = call.batch is not None
-        if submitted:  # else it is left out of its batch (_dispatch) or cancelled there
+            lone = call.lone
+        if lone is not None:  # the channel withdraws or cancels it
+            lone.cancel()
+        elif submitted:  # else it is left out of its batch (_dispatch) or cancelled there
             self._give_up(call)
 
     def _give_up(self, call: _Call) -> None:
@@ -180,7 +195,8 @@ class RemoteSandbox:
             with self._count_lock:
                 self._in_flight -= 1
             raise
-        self._submit_batch([call])
+        if not self._send_lone([call]):
+            self._submit_batch([call])
         return call.future.result()
 
     async def arun_code(self, code: Any, **keywords: Any) -> ExecResult:
@@ -240,6 +256,8 @@ class RemoteSandbox:
         self._batcher.join(timeout=10)
         if wait:
             self._collectors.shutdown(wait=True)
+            while self._in_flight > 0:  # lone calls: their results first
+                time.sleep(0.01)
         while True:  # calls that came with the close, after the batcher's last look
             try:
                 call = self._calls.get_nowait()
@@ -269,9 +287,16 @@ class RemoteSandbox:
             if first is None:
                 return
             calls = [first]
-            # Linger for company only when calls are already in flight (a rollout's
-            # burst); a lone call on an idle sandbox goes out at once.
-            stop = self._gather_more(calls, linger=self._in_flight > 0)
+            # What waits now, without linger: few calls go out at once as lone calls.
+            stop = self._gather_more(calls, linger=False)
+            if len(calls) <= LONE_UP_TO and self._dispatch_lone(calls):
+                if stop:
+                    return
+                continue
+            # A burst (or no live host): linger for company only when calls are
+            # already in flight (a rollout's burst), then batches.
+            if not stop:
+                stop = self._gather_more(calls, linger=self._in_flight > 0)
             self._dispatch(calls)
             if stop:
                 return
@@ -293,6 +318,50 @@ class RemoteSandbox:
                 return True
             calls.append(call)
         return False
+
+    def _dispatch_lone(self, calls: list[_Call]) -> bool:
+        """Send ``calls`` as lone calls if a host lives; False (nothing sent) if not."""
+        with self._count_lock:
+            calls = [call for call in calls if not call.given_up]
+            self._in_flight += len(calls)
+        if not calls or self._send_lone(calls):
+            return True
+        with self._count_lock:
+            self._in_flight -= len(calls)
+        return False
+
+    def _send_lone(self, calls: list[_Call]) -> bool:
+        """Send ``calls`` (counted in flight already) on the fleet's open channels, in
+        one command; False (nothing sent) when no host lives or Redis refused."""
+        if not self.lone or not self.pool.watch():
+            return False
+        pairs = [(call.snippet, self._limits_of(call)) for call in calls]
+        try:
+            futures = self.pool.calls.submit_many(pairs, run=self.run, deadline_s=self.deadline_s)
+        except (redis.RedisError, CodepoolError) as exc:
+            log.warning("could not send %d lone calls (a batch instead): %s", len(calls), exc)
+            return False
+        for call, future in zip(calls, futures, strict=True):
+            with self._count_lock:
+                call.lone = future
+                given_up = call.given_up
+            if given_up:  # given up on while it went out
+                future.cancel()
+            future.add_done_callback(functools.partial(self._lone_done, call))
+        return True
+
+    def _limits_of(self, call: _Call) -> Limits:
+        wanted = {**self.limits, **dict(call.overrides)}
+        try:  # the same few overrides, call after call
+            return _limits_with(self.pool.limits, tuple(sorted(wanted.items())))
+        except TypeError:  # an unhashable value
+            return self.pool.limits.with_overrides(**wanted)
+
+    def _lone_done(self, call: _Call, future: Future[ExecResult]) -> None:
+        if future.cancelled():
+            self._resolve(call, cancelled(CLOSED_MESSAGE))  # dropped if its caller gave up
+            return
+        self._resolve(call, future.result())
 
     def _dispatch(self, calls: list[_Call]) -> None:
         with self._count_lock:

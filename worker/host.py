@@ -42,6 +42,7 @@ from codepool.common.limits import Limits
 from codepool.common.redis_url import redact
 from codepool.common.settings import DEFAULT_DRAIN_S, Settings
 from codepool.worker import host_window
+from codepool.worker.call_server import CallServer
 from codepool.worker.context_server import ContextServer
 from codepool.worker.dispatcher import LEASE_FILE, WINDOW_FILE, DispatcherConfig
 from codepool.worker.engine import leftovers
@@ -108,6 +109,7 @@ class WorkerHost:
         self._window_path = os.path.join(self._dir, WINDOW_FILE)
         self.executor: LocalExecutor | None = None
         self.contexts: ContextServer | None = None
+        self.calls: CallServer | None = None
         # Short timeouts, no retries: a Redis that is gone must not hold up a stop.
         quick = settings.replace(
             socket_timeout_s=HOST_REDIS_TIMEOUT_S, connect_timeout_s=HOST_REDIS_TIMEOUT_S
@@ -154,6 +156,10 @@ class WorkerHost:
             )
             host_window.create(self._window_path, self.dispatcher_count)
             self.lease.start()
+            self.calls = CallServer(
+                self.settings, self.executor, host=self.name, slots=self.options.concurrency
+            )
+            self.calls.start()
             if self.executor.mode == "fork":  # contexts need fork mode
                 self.contexts = ContextServer(
                     self.settings,
@@ -168,6 +174,8 @@ class WorkerHost:
             self._supervise()
         finally:
             self._stop_dispatchers()
+            if self.calls is not None:
+                self.calls.stop(until=self.stop_at or time.monotonic() + self.options.drain_s)
             if self.contexts is not None:
                 self.contexts.stop()
             self.lease.stop(until=self.stop_at)
@@ -200,6 +208,8 @@ class WorkerHost:
         now = time.monotonic()
         if self.signals == 1:
             self.stop_at = now + self.options.drain_s
+            if self.calls is not None:
+                self.calls.halt()
             log.info(
                 "worker %s: %s: taking no more work; in-flight snippets may finish for "
                 "%.1f s, then what still runs is given back to run elsewhere",

@@ -90,7 +90,7 @@ def stored(redis_url: str, batch_id: str) -> dict[int, tuple[str, str]]:
 
 def test_a_caller_giving_up_spoils_no_batch_mate(redis_url: str, start_worker: StartWorker) -> None:
     start_worker(concurrency=2)
-    with RemoteSandbox(redis_url, timeout=30.0, run="mates", linger_s=0.05) as sandbox:
+    with RemoteSandbox(redis_url, timeout=30.0, run="mates", linger_s=0.05, lone=False) as sandbox:
 
         async def main() -> list[object]:
             # A call in flight, so the next ones are coalesced into one batch.
@@ -147,7 +147,7 @@ def test_a_task_cancelled_directly_frees_its_slot_and_spoils_no_batch_mate(
     redis_url: str, start_worker: StartWorker
 ) -> None:
     pid = start_worker(concurrency=2).process.pid
-    with RemoteSandbox(redis_url, timeout=300.0, run="task", linger_s=0.2) as sandbox:
+    with RemoteSandbox(redis_url, timeout=300.0, run="task", linger_s=0.2, lone=False) as sandbox:
 
         async def main() -> tuple[list[ExecResult], dict[int, int]]:
             alone = asyncio.create_task(sandbox.arun_code(SLEEPER))
@@ -175,7 +175,7 @@ def test_a_cancelled_submit_future_frees_its_slot_and_spoils_no_batch_mate(
     redis_url: str, start_worker: StartWorker
 ) -> None:
     pid = start_worker(concurrency=2).process.pid
-    with RemoteSandbox(redis_url, timeout=300.0, run="future", linger_s=0.2) as sandbox:
+    with RemoteSandbox(redis_url, timeout=300.0, run="future", linger_s=0.2, lone=False) as sandbox:
         alone = sandbox.submit(SLEEPER)
         wait_until(lambda: len(sandbox.pool.lease.in_flight()) == 1, what="its batch out")
         ahead = sandbox.submit(SLEEPER)  # of its mates
