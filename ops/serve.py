@@ -33,7 +33,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from codepool.common.errors import CodepoolError
 from codepool.common.result import ExecResult
@@ -45,6 +45,8 @@ from codepool.ops.context_routes import (
     OpenContexts,
     context_routes,
 )
+from codepool.ops.e2b.routes import e2b_routes
+from codepool.ops.e2b.sandboxes import Sandboxes
 from codepool.ops.reward_routes import reward_routes
 from codepool.ops.sandbox_fusion import BadRequest, RequestedRun
 from codepool.producer.sandbox import RemoteSandbox
@@ -92,6 +94,7 @@ class Service:
         self._slots_at = -1e9
         self._slots_task: asyncio.Task[None] | None = None
         self.contexts = OpenContexts(max_open=max_contexts, idle_s=context_idle_s)
+        self.e2b = Sandboxes(sandbox)  # E2B's sandboxes (ops/e2b/, under /e2b)
 
     def drain(self) -> None:
         """Take no new call (503); those waiting may still finish."""
@@ -249,8 +252,9 @@ async def _disconnected(request: Request) -> None:
 
 def build_app(service: Service) -> Starlette:
     """The ASGI app: the two SandboxFusion endpoints, ``/v1/ping`` as SandboxFusion has
-    it, ``/health``, the interpreter contexts' ``/contexts`` (ops/context_routes.py) and
-    ``/run_tests`` (ops/reward_routes.py)."""
+    it, ``/health``, the interpreter contexts' ``/contexts`` (ops/context_routes.py),
+    ``/run_tests`` (ops/reward_routes.py) and E2B's protocol under ``/e2b``
+    (ops/e2b/routes.py)."""
 
     def endpoint(
         parse: Callable[[Any], RequestedRun],
@@ -319,6 +323,7 @@ def build_app(service: Service) -> Starlette:
         Route("/health", health, methods=["GET"]),
         *context_routes(service, service.contexts),
         *reward_routes(service),
+        Mount("/e2b", routes=e2b_routes(service, service.e2b)),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: refuse})
 

@@ -164,6 +164,7 @@ def serve_command(args: argparse.Namespace) -> int:
             # Before the sandbox closes (the stack unwinds in reverse): the contexts
             # still open are closed on their hosts, not left to their TTL.
             stack.callback(service.contexts.close_all)
+            stack.callback(service.e2b.kill_all)
             service.refresh_slots()
             host, port = listener.getsockname()[:2]
             print(LISTENING_LINE.format(host=host, port=port), flush=True)

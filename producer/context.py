@@ -49,6 +49,8 @@ RECORD_MARGIN_S = 5  # the Redis record outlives the host's idle TTL by this muc
 OUTAGE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 OUTAGE_PAUSE_S = 0.5
 
+KILLED = "killed by its caller"  # RemoteContext.ended after kill()
+
 T = TypeVar("T")
 
 
@@ -162,8 +164,18 @@ class RemoteContext:
                 return
             was_live = self.ended is None
             self.ended = "closed by its caller"
-        if not was_live:
-            return
+        if was_live:
+            self._send_close()
+
+    def kill(self) -> None:
+        """End the context now, without waiting for a call it runs (as ``close`` does):
+        its host ends that call with it, and the call comes back as ended. Idempotent."""
+        was_live = self.ended is None
+        self.ended = KILLED
+        if was_live:
+            self._send_close()
+
+    def _send_close(self) -> None:
         keys = self.pool.keys
         try:
             with self.pool.conn.pipeline(transaction=False) as pipe:
