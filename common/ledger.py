@@ -304,6 +304,9 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('DEL', KEYS[2], KEY
 return 0
 """
 
+# The owner's claims are found with HSCAN MATCH 'c:*' (once each, whatever the scan
+# returns twice), not HGETALL: the state hash holds the batch's spec (up to
+# max_batch_bytes) and a re-run count per index, none of which a release reads.
 # KEYS: state, retry, results, done, open. ARGV: owner, graceful ('1': a stopping owner
 # gives back what it never started, which costs no re-run), ttl_s, batch_id. Sets the
 # done list's TTL again: the lapsed owner may have made it anew after the producer had
@@ -326,20 +329,27 @@ local function visit(i)
     again[#again + 1] = i
   end
 end
-local all = redis.call('HGETALL', KEYS[1])
-for p = 1, #all, 2 do
-  if string.sub(all[p], 1, 2) == 'c:' then
-    local owner, claim = string.match(all[p + 1], '^(.*)|([^|]*)$')
-    if owner == ARGV[1] then
-      local a, b = string.match(claim, '^(%d+)-(%d+)$')
-      if a then
-        for i = tonumber(a), tonumber(b) do visit(i) end
-      else
-        for i in string.gmatch(claim, '%d+') do visit(tonumber(i)) end
-      end
-      redis.call('HDEL', KEYS[1], all[p])
+local mine, seen, cursor = {}, {}, '0'
+repeat
+  local page = redis.call('HSCAN', KEYS[1], cursor, 'MATCH', 'c:*', 'COUNT', 1000)
+  cursor = page[1]
+  for p = 1, #page[2], 2 do
+    local owner, claim = string.match(page[2][p + 1], '^(.*)|([^|]*)$')
+    if owner == ARGV[1] and not seen[page[2][p]] then
+      seen[page[2][p]] = true
+      mine[#mine + 1] = {page[2][p], claim}
     end
   end
+until cursor == '0'
+for _, held in ipairs(mine) do
+  local field, claim = held[1], held[2]
+  local a, b = string.match(claim, '^(%d+)-(%d+)$')
+  if a then
+    for i = tonumber(a), tonumber(b) do visit(i) end
+  else
+    for i in string.gmatch(claim, '%d+') do visit(tonumber(i)) end
+  end
+  redis.call('HDEL', KEYS[1], field)
 end
 for p = 1, #again, 1000 do
   redis.call('RPUSH', KEYS[2], unpack(again, p, math.min(p + 999, #again)))
