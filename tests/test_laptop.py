@@ -93,6 +93,9 @@ def _kill_all_of(uid: int) -> None:
     wait_until(lambda: not any(p.uid == uid for p in processes()), 30, "the user's processes")
 
 
+# `make demo` builds a venv and pip-installs into it: minutes on a busy machine, which
+# the suite's 120-s default would cut (the subprocess has its own 900-s bound).
+@pytest.mark.timeout(900)
 def test_make_demo_as_a_non_root_user_without_a_system_redis(
     laptop: tuple[pwd.struct_passwd, Path],
 ) -> None:
