@@ -302,7 +302,10 @@ def test_the_cpu_limit_is_named_and_finished_as_sandbox_fusion_has_it(
     start_worker("--max-cpu-s", "1")
     server = start_serve(tmp_path / "serve.log", "--url", redis_url)
     try:
-        body = post(server, "/run_code", {"code": "while True: pass", "language": "python"}).json()
+        # A wall-clock limit far above it, so that it is the CPU limit that ends the
+        # loop even on a machine so busy that 1 s of CPU takes many seconds.
+        request = {"code": "while True: pass", "language": "python", "run_timeout": 100}
+        body = post(server, "/run_code", request).json()
     finally:
         server.process.send_signal(signal.SIGTERM)
         wait_or_kill(server.process, 30)
