@@ -16,7 +16,12 @@ from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
 from codepool.common.errors import ConfigError
-from codepool.common.failover import POLL_S, SentinelClient, WatchedSentinel
+from codepool.common.failover import (
+    POLL_S,
+    SentinelClient,
+    SentinelConnection,
+    WatchedSentinel,
+)
 from codepool.common.redis_url import is_sentinel_url, parse_sentinel_url, redact
 from codepool.common.settings import Settings
 
@@ -126,6 +131,7 @@ def _sentinel_client(settings: Settings, options: dict[str, Any]) -> redis.Redis
     client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
         address.service,
         redis_class=SentinelClient,
+        connection_class=SentinelConnection,
         db=address.db,
         username=address.username,
         password=address.password,

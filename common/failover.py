@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,32 @@ def _leave_old_primary(pool: SentinelConnectionPool) -> None:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # closed meanwhile
+
+
+class SentinelConnection(SentinelManagedConnection):
+    """redis-py's connection to a Sentinel-managed primary, with two of its slips put
+    right (redis-py 8.1; pyproject bounds the versions):
+
+    - a connection that lost its socket reconnects inside ``send_packed_command`` (the
+      client's retry after a dropped connection goes that way) to the address it had,
+      without asking Sentinel: a blocking read the failover watcher shut down went back
+      to the *old* primary and sat there until Sentinel demoted it, ~10 s later. Here
+      it asks Sentinel where the primary is, as a fresh connection does.
+    - its ``read_response`` keeps the connection when a read is interrupted (a signal
+      handler's exception in a blocking pop, a timeout), where redis-py's plain one
+      drops it: the unread reply then answered the next command on it, which waited
+      for it (a stopping dispatcher's farewell waited out its BLMOVE, the whole drain
+      deadline) or took it for its own. Here an interrupted read drops the connection.
+    """
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._sock:
+            self.connect()  # type: ignore[no-untyped-call]
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("disconnect_on_error", True)
+        return super().read_response(*args, **kwargs)
 
 
 class SentinelClient(redis.Redis):
