@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
+from codepool.common.cancellation import CLOSED_MESSAGE
 from codepool.common.codec import decode_result
 from codepool.common.connection import redis_client
 from codepool.common.context_requests import new_id
 from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.lone_calls import LoneCall, decode_reply
-from codepool.common.result import ExecResult, infra
+from codepool.common.result import ExecResult, cancelled, infra
 from codepool.common.snippet import Snippet
 from codepool.common.tally import count_hashes
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_BLOCK_S = 1.0  # the reader's longest wait, between its looks at deadlines and the fleet
+WAIT_BLOCK_S = 1.0  # a caller's wait per round trip (the pool's connections allow it)
 READ_COUNT = 256  # replies per pop at most
 DEADLINE_MARGIN_S = 300.0  # beyond a call's timeout: queueing, and a lost host's recovery
 
@@ -89,34 +91,79 @@ class CallChannel:
     ) -> list[Future[ExecResult]]:
         """Send each (snippet, limits) as a lone call of its own, all in one command;
         futures in their order. RedisError if they could not be sent."""
-        sent: list[tuple[str, bytes, Future[ExecResult]]] = []
-        now = time.monotonic()
+        sent = [self._enter(code, limits, run, deadline_s, self.inbox) for code, limits in calls]
+        try:
+            self.pool.conn.rpush(self.keys.calls(), *(raw for _, raw, _ in sent))
+        except redis.RedisError:
+            self._leave(sent)
+            raise
+        for call_id, _, future in sent:
+            future.add_done_callback(functools.partial(self._given_up, call_id))
+        return [future for _, _, future in sent]
+
+    def run(
+        self, code: str | Snippet, limits: Limits, *, run: str = "", deadline_s: float | None = None
+    ) -> ExecResult:
+        """Send one snippet and wait for its result on the caller's thread: the push
+        and the wait go in one round trip, the answer to an inbox of its own.
+        RedisError if it could not be sent."""
+        # The thread's own inbox: its calls come one after another, so an answer there
+        # that is not this call's is a late one to an earlier call, given up on.
+        inbox = self.keys.inbox(f"{self.id}.{threading.get_ident()}")
+        entered = self._enter(code, limits, run, deadline_s, inbox)
+        _, raw, future = entered
+        try:
+            with self.pool.conn.pipeline(transaction=False) as pipe:
+                pipe.rpush(self.keys.calls(), raw)
+                pipe.blpop([inbox], timeout=WAIT_BLOCK_S)
+                popped = pipe.execute()[1]
+        except redis.RedisError:
+            self._leave([entered])
+            raise
+        while not future.done():  # overdue or closed: the reader says so
+            if popped is not None:
+                self._answer(cast(list[bytes], popped)[1])
+                popped = None
+                continue
+            try:
+                popped = self.pool.conn.blpop([inbox], timeout=WAIT_BLOCK_S)
+            except redis.RedisError as exc:
+                log.warning("producer %s: waiting for a lone call: %s", self.pool.name, exc)
+                time.sleep(WAIT_BLOCK_S / 10)
+        if future.cancelled():  # the pool closed meanwhile
+            return cancelled(CLOSED_MESSAGE)
+        return future.result()
+
+    def _enter(
+        self,
+        code: str | Snippet,
+        limits: Limits,
+        run: str,
+        deadline_s: float | None,
+        inbox: str,
+    ) -> tuple[str, bytes, Future[ExecResult]]:
+        """Note a call as waiting (its deadline; the reader watches the fleet for it)."""
+        if isinstance(code, Snippet):
+            source, inputs = code.source, code.inputs_record()
+        else:
+            source, inputs = code, None
+        call = LoneCall(new_id(), inbox, source, limits.to_dict(), inputs, run)
+        raw, future = call.encode(), Future[ExecResult]()
+        wait_s = limits.timeout_s + DEADLINE_MARGIN_S if deadline_s is None else deadline_s
         with self._lock:
-            for code, limits in calls:
-                if isinstance(code, Snippet):
-                    source, inputs = code.source, code.inputs_record()
-                else:
-                    source, inputs = code, None
-                call = LoneCall(new_id(), self.inbox, source, limits.to_dict(), inputs, run)
-                raw, future = call.encode(), Future[ExecResult]()
-                wait_s = limits.timeout_s + DEADLINE_MARGIN_S if deadline_s is None else deadline_s
-                self._waiting[call.id] = _Waiting(future, now + wait_s, raw, run)
-                sent.append((call.id, raw, future))
+            self._waiting[call.id] = _Waiting(future, time.monotonic() + wait_s, raw, run)
             if self._reader is None:
                 self._reader = threading.Thread(
                     target=self._read, name="codepool-inbox", daemon=True
                 )
                 self._reader.start()
-        try:
-            self.pool.conn.rpush(self.keys.calls(), *(raw for _, raw, _ in sent))
-        except redis.RedisError:
-            with self._lock:
-                for call_id, _, _ in sent:
-                    self._waiting.pop(call_id, None)
-            raise
-        for call_id, _, future in sent:
-            future.add_done_callback(functools.partial(self._given_up, call_id))
-        return [future for _, _, future in sent]
+        self._wake.set()
+        return call.id, raw, future
+
+    def _leave(self, sent: list[tuple[str, bytes, Future[ExecResult]]]) -> None:
+        with self._lock:
+            for call_id, _, _ in sent:
+                self._waiting.pop(call_id, None)
 
     def waiting(self) -> int:
         with self._lock:
@@ -132,6 +179,7 @@ class CallChannel:
             entry.future.cancel()
         for call_id, entry in waiting.items():
             self._withdraw(call_id, entry)
+        self._wake.set()
         if self._reader is not None:
             self._reader.join(timeout=READ_BLOCK_S + 1)
         self._conn.close()
@@ -144,6 +192,12 @@ class CallChannel:
             with self._lock:
                 if self._closed and not self._waiting:
                     return
+                idle = not self._waiting
+                if idle:
+                    self._wake.clear()
+            if idle:  # no Redis while nothing waits; a late answer waits in the inbox
+                self._wake.wait()
+                continue
             try:
                 popped = self._conn.blmpop(
                     READ_BLOCK_S, 1, self.inbox, direction="LEFT", count=READ_COUNT

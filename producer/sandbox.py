@@ -195,7 +195,15 @@ class RemoteSandbox:
             with self._count_lock:
                 self._in_flight -= 1
             raise
-        if not self._send_lone([call]):
+        if self.lone and self.pool.watch():  # on this thread: push and wait in one trip
+            try:
+                result = self.pool.calls.run(
+                    call.snippet, self._limits_of(call), run=self.run, deadline_s=self.deadline_s
+                )
+            except redis.RedisError as exc:
+                result = infra(f"codepool: {exc}")
+            self._resolve(call, result)
+        else:
             self._submit_batch([call])
         return call.future.result()
 

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 BLOCK_S = 10
 FLUSH_S = 1.0
 PREFETCH = 1  # calls taken beyond the host's slots
+EXPIRES_KEPT = 10_000  # inboxes whose TTL renewals are remembered
 _STOP = object()
 _FLUSH = object()  # counts go out with the next write, not after FLUSH_S
 
@@ -69,6 +70,7 @@ class CallServer:
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)  # by run tag
         self._halted = threading.Event()
+        self._expires: dict[str, float] = {}  # inbox -> when to renew its TTL (monotonic)
         self._abandoned = False  # past the drain: results are not written any more
         self._threads = [
             threading.Thread(target=self._take, name="codepool-calls", daemon=True),
@@ -234,8 +236,13 @@ class CallServer:
                         pipe.rpush(call.inbox, encode_reply(call.id, result))
                         inboxes.add(call.inbox)
                     pipe.lrem(self.inflight_key, 1, raw)
-                for inbox in inboxes:
-                    pipe.expire(inbox, INBOX_TTL_S)
+                now = time.monotonic()
+                if len(self._expires) > EXPIRES_KEPT:
+                    self._expires.clear()
+                for inbox in inboxes:  # a producer's inbox: renewed now and then
+                    if self._expires.get(inbox, 0.0) <= now:
+                        pipe.expire(inbox, INBOX_TTL_S)
+                        self._expires[inbox] = now + INBOX_TTL_S / 5
                 for run, tally in (counts or {}).items():
                     hashes = count_hashes(self.keys, self.host, run)
                     for key in hashes:
