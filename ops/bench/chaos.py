@@ -58,6 +58,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=2, help="slots per host")
     parser.add_argument("--interval", type=float, default=7.0, help="mean s between faults")
     parser.add_argument("--rate", type=float, default=1.0, help="scales the load")
+    parser.add_argument(
+        "--sleepy", type=float, default=0.1, help="share of snippets that sleep 0.1-0.5 s"
+    )
     parser.add_argument("--kinds", default=",".join(KINDS), help="fault kinds to draw from")
     parser.add_argument("--dir", default="", help="where histories and logs go")
     args = parser.parse_args(argv)
@@ -77,11 +80,11 @@ def run(args: argparse.Namespace) -> Report:
         f"{args.hosts} hosts x {args.slots} slots; in {directory}\n"
         f"replay: python -m codepool.ops.bench.chaos --seed {args.seed} --minutes "
         f"{args.minutes} --hosts {args.hosts} --slots {args.slots} --interval {args.interval} "
-        f"--rate {args.rate} --kinds {','.join(args.kinds)}",
+        f"--rate {args.rate} --sleepy {args.sleepy} --kinds {','.join(args.kinds)}",
         flush=True,
     )
     rates = {role: rate * args.rate for role, rate in RATES.items()}
-    fleet = ChaosFleet(directory, args.hosts, args.slots, args.seed, 0.0, rates)
+    fleet = ChaosFleet(directory, args.hosts, args.slots, args.seed, 0.0, rates, args.sleepy)
     injector = Injector(fleet, directory / "faults.jsonl")
     done = threading.Event()
     report = Report()
@@ -102,8 +105,9 @@ def run(args: argparse.Namespace) -> Report:
         elapsed_s = time.time() - started
         # Janitors fence what the last faults left (a lease and a beat).
         time.sleep(Settings().lease_s + 2 * Settings().heartbeat_s)
-        fleet.stop()
         done.set()
+        tracker.join()
+        fleet.stop()
         _check(fleet, injector.log, directory, report)
         report.figures["load average at the end"] = os.getloadavg()
         report.figures["minutes"] = round(elapsed_s / 60, 2)
@@ -137,6 +141,9 @@ def _check(
     finally:
         conn.close()
     check_processes(fleet.tracked, report)
+    for name, status, t in fleet.exits:
+        when = time.strftime("%H:%M:%S", time.gmtime(t))
+        report.violate(f"host exit: {name} exited by itself ({status}) at {when} UTC; see its log")
 
 
 def _print(report: Report, faults: list[dict[str, Any]], directory: Path) -> None:

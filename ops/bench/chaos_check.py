@@ -50,7 +50,7 @@ WORKER_LOSSES = frozenset(
 FAULT_REACH_S = 6.0
 # Where a call's caller may be refused outright (no live host to open a context on) if a
 # fault ended this shortly before.
-REFUSAL_REACH_S = 20.0
+REFUSAL_REACH_S = 10.0
 # Keys codepool and RQ keep for good (the fleet's records and counters), under the
 # prefix / under ``rq:``; every other key must expire.
 LASTING = (
@@ -99,6 +99,8 @@ class Operation:
     start_t: float
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     abandoned: bool = False
+    batch: str = ""  # a batch snippet's batch id and index: where Redis holds its result
+    index: int = -1
 
     @property
     def end_t(self) -> float:
@@ -117,6 +119,8 @@ def operations(events: Iterable[dict[str, Any]]) -> dict[str, Operation]:
                 event["expect"],
                 bool(event.get("may_cancel")),
                 float(event["t"]),
+                batch=str(event.get("batch", "")),
+                index=int(event.get("index", -1)),
             )
         elif event["id"] in ops:
             if kind == "complete":
@@ -200,8 +204,9 @@ def _spread(values: list[float]) -> str:
 
 
 def fault_costs(ops: dict[str, Operation], faults: list[dict[str, Any]]) -> list[list[str]]:
-    """Per fault kind: how often, the calls in flight at it, their latency and how many
-    of them were not ``ok``/``cancelled`` (the measured cost of that fault)."""
+    """Per fault kind: how often, the calls in flight at it (or started while it held:
+    a freeze, a restart), their latency and how many of them were not ``ok`` or
+    ``cancelled``: the measured cost of that fault."""
     by_kind: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
     for fault in faults:
         by_kind[fault["kind"]].append(fault)
@@ -211,8 +216,9 @@ def fault_costs(ops: dict[str, Operation], faults: list[dict[str, Any]]) -> list
         hit: dict[str, Operation] = {}
         for fault in chosen:
             t = float(fault["t"])
+            held_until = t + float(fault.get("took_s", 0.0)) + float(fault.get("hold_s", 0.0))
             for op in ended:
-                if op.start_t > t:
+                if op.start_t > held_until:
                     break
                 if op.end_t >= t:
                     hit[op.id] = op
@@ -261,18 +267,45 @@ def check_redis(
                 f"counters: {status} {counters.get(status, 0)} != {tally.get(status, 0)} results"
             )
     for op in ops.values():
-        outcome = op.outcomes[0] if op.outcomes else None
-        if outcome is None or "batch" not in outcome or outcome["status"] != "infra":
-            continue
-        held = stored.get((outcome["batch"], int(outcome["index"])))
-        if held not in (None, "infra", CANCELLED):
-            report.violate(
-                f"unseen: {op.id} came back infra but its batch holds a counted {held} result"
+        held = stored.get((op.batch, op.index))
+        if not op.outcomes and op.batch:
+            report.figures.setdefault("lost, as Redis holds them", []).append(
+                f"{op.id}: {held or _claims(conn, settings, op)}"
             )
+        elif op.outcomes and op.outcomes[0]["status"] == "infra":
+            if held not in (None, "infra", CANCELLED):
+                report.violate(
+                    f"unseen: {op.id} came back infra but its batch holds a counted {held} result"
+                )
+
+
+def _claims(conn: redis.Redis, settings: Settings, op: Operation) -> str:
+    """What a batch's state says of a snippet with no result: who claims it, or where
+    the batch's claiming stands."""
+    state: dict[bytes, bytes] = conn.hgetall(settings.keys.batch_state(op.batch))  # type: ignore[assignment]
+    if not state:
+        return "no result, no batch state"
+    holders = [
+        f"{name.decode()}={value.decode()[:80]}"
+        for name, value in state.items()
+        if name.startswith(b"c:") and _holds(value.decode().rsplit("|", 1)[-1], op.index)
+    ]
+    fields = {
+        k.decode(): v.decode()[:40] for k, v in state.items() if k in (b"next", b"n", b"retry")
+    }
+    return f"no result; claims {holders or 'none'}; {fields}"
 
 
 def _lasting(name: str, prefix: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern.format(p=prefix)) for pattern in LASTING)
+
+
+def _holds(claim: str, index: int) -> bool:
+    """Whether a claim's indices (``a-b`` or ``i,j,...``) hold ``index``."""
+    if "-" in claim:
+        first, last = claim.split("-", 1)
+        return int(first) <= index <= int(last)
+    return str(index) in claim.split(",")
 
 
 def check_keys(conn: redis.Redis, settings: Settings, report: Report) -> None:

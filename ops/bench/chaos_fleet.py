@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from codepool.common.errors import ConfigError
+from codepool.common.keys import Keys
 from codepool.ops.arguments import cli_command
 from codepool.ops.bench.chaos_check import process_start
 from codepool.ops.bench.process_tree import descendants
@@ -43,6 +44,7 @@ class Host:
     name: str
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    started_at: float = 0.0  # unix time of its last start
 
     def tree(self) -> list[int]:
         if self.process is None or self.process.poll() is not None:
@@ -68,6 +70,7 @@ class ChaosFleet:
     seed: int
     until: float
     rates: dict[str, float]
+    sleepy: float = 0.1
     redis_server: RedisServer = field(default_factory=lambda: RedisServer(appendonly=True))
     hosts: list[Host] = field(default_factory=list)
     producers: list[Producer] = field(default_factory=list)
@@ -75,6 +78,11 @@ class ChaosFleet:
     serve: subprocess.Popen[str] | None = None
     serve_url: str = ""
     tracked: dict[int, str] = field(default_factory=dict)
+    # Hosts that exited by themselves (name, exit status, when); each is started again,
+    # as systemd's Restart=always would.
+    exits: list[tuple[str, int, float]] = field(default_factory=list)
+    # Held by whatever kills and restarts a host, so ``track`` never takes that for an exit.
+    hosts_lock: threading.RLock = field(default_factory=threading.RLock)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -108,6 +116,7 @@ class ChaosFleet:
 
     def start_host(self, host: Host) -> None:
         host.starts += 1
+        host.started_at = time.time()
         log = open(self.directory / "logs" / f"{host.name}.log", "ab")
         host.process = subprocess.Popen(
             cli_command("worker", "--url", self.url, "-c", str(self.slots), "--name", host.name),
@@ -123,15 +132,43 @@ class ChaosFleet:
         conn = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
-            while conn.zcard("codepool:hosts") < self.hosts_n:
+            while conn.zcard(Keys().hosts()) < self.hosts_n:
                 if time.monotonic() > deadline:
                     raise ConfigError(f"hosts did not come up; see {self.directory}/logs")
                 time.sleep(0.2)
         finally:
             conn.close()
 
+    def ready(self, host: Host, timeout_s: float = READY_TIMEOUT_S) -> float:
+        """Until ``host`` has beaten since its last start (its executor is up by then);
+        the seconds waited."""
+        started = time.monotonic()
+        conn = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            while time.monotonic() - started < timeout_s:
+                try:
+                    beat = conn.zscore(Keys().hosts(), host.name)
+                except redis.RedisError:
+                    beat = None
+                if beat is not None and beat > host.started_at:
+                    break
+                time.sleep(0.2)
+        finally:
+            conn.close()
+        return time.monotonic() - started
+
     def track(self) -> None:
-        """Remember every process now in the hosts' trees (called about once a second)."""
+        """Remember every process now in the hosts' trees, and start again a host that
+        exited by itself (called about once a second while the load runs)."""
+        with self.hosts_lock:
+            for host in self.hosts:
+                if host.process is not None and host.process.poll() is not None:
+                    self.exits.append((host.name, host.process.returncode, time.time()))
+                    self.start_host(host)
+        self.remember()
+
+    def remember(self) -> None:
+        """Remember every process now in the hosts' trees."""
         for host in list(self.hosts):
             for pid in host.tree():
                 started = process_start(pid)
@@ -180,6 +217,8 @@ class ChaosFleet:
             str(rate),
             "--serve",
             self.serve_url,
+            "--sleepy",
+            str(self.sleepy),
         ]
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
@@ -209,6 +248,8 @@ class ChaosFleet:
                 producer.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 stuck.append(producer.name)
+                producer.process.send_signal(signal.SIGUSR1)  # its stacks, to its log
+                time.sleep(1.0)
                 producer.process.kill()
                 producer.process.wait()
         return stuck
@@ -224,7 +265,7 @@ class ChaosFleet:
         if self.serve is not None and self.serve.poll() is None:
             self.serve.terminate()
             _wait(self.serve)
-        self.track()
+        self.remember()
         for host in self.hosts:
             if host.process is not None and host.process.poll() is None:
                 os.killpg(host.process.pid, signal.SIGCONT)  # a frozen one must hear it

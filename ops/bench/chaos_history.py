@@ -61,9 +61,18 @@ class Recorder:
             self._file.write(line)
             self._file.flush()
 
-    def invoke(self, op_id: str, kind: str, expect: str, *, may_cancel: bool = False) -> None:
+    def invoke(
+        self, op_id: str, kind: str, expect: str, *, may_cancel: bool = False, **where: Any
+    ) -> None:
         self._write(
-            {"op": "invoke", "id": op_id, "kind": kind, "expect": expect, "may_cancel": may_cancel}
+            {
+                "op": "invoke",
+                "id": op_id,
+                "kind": kind,
+                "expect": expect,
+                "may_cancel": may_cancel,
+                **where,
+            }
         )
 
     def complete(self, op_id: str, result: ExecResult, **where: Any) -> None:

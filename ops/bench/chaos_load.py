@@ -14,6 +14,7 @@ calls are given up on), ``ctx`` (interpreter contexts with state and forks), ``h
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import random
 import signal
 import sys
@@ -57,6 +58,13 @@ class Load:
             self._count += 1
             return f"{self.args.name}-{what}{self._count}"
 
+    def snippet(self, rng: random.Random) -> tuple[str, str]:
+        """A cheap snippet, or (a ``--sleepy`` share) one that sleeps 0.1-0.5 s first:
+        work still claimed when a fault hits, for no CPU."""
+        if rng.random() < self.args.sleepy:
+            return slow_snippet(rng, rng.uniform(0.1, 0.5))
+        return cheap_snippet(rng)
+
     def fork_rng(self) -> random.Random:
         with self._lock:
             return random.Random(self.rng.random())
@@ -89,7 +97,7 @@ def run_batches(load: Load) -> None:
             gives_up = rng.random() < CANCEL_SHARE
             slow = set(rng.sample(range(n), n // 4)) if gives_up else set()
             pairs = [
-                slow_snippet(rng, rng.uniform(0.5, 1.5)) if i in slow else cheap_snippet(rng)
+                slow_snippet(rng, rng.uniform(0.5, 1.5)) if i in slow else load.snippet(rng)
                 for i in range(n)
             ]
             tag = load.op_id("b")
@@ -101,7 +109,9 @@ def run_batches(load: Load) -> None:
                 load.stopping.wait(1.0)
                 continue
             for i, (_, expect) in enumerate(pairs):
-                load.history.invoke(f"{tag}-{i}", "batch", expect, may_cancel=i in slow)
+                load.history.invoke(
+                    f"{tag}-{i}", "batch", expect, may_cancel=i in slow, batch=batch.id, index=i
+                )
             try:
                 for number, (index, result) in enumerate(batch.as_completed()):
                     load.history.complete(f"{tag}-{index}", result, batch=batch.id, index=index)
@@ -135,7 +145,7 @@ def run_lone(load: Load) -> None:
                 except Exception as exc:  # any raise is a finding: recorded as one
                     load.raised(op_id, exc)
                 continue
-            code, expect = cheap_snippet(rng)
+            code, expect = load.snippet(rng)
             load.history.invoke(op_id, "lone", expect)
             try:
                 load.history.complete(op_id, sandbox.run_code(code))
@@ -284,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", type=float, required=True, help="unix time to stop at")
     parser.add_argument("--rate", type=float, default=5.0, help="snippets a second")
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--sleepy", type=float, default=0.1, help="share of sleeping snippets")
     parser.add_argument("--serve", default="", help="codepool serve's URL (http role)")
     args = parser.parse_args(argv)
     load = Load(args)
@@ -292,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         load.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
+    # The chaos run asks a producer that does not finish where it waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         ROLES[args.role](load)
     finally:

@@ -33,9 +33,9 @@ def history(tmp_path: Path, calls: list[tuple[str, str, list[ExecResult]]]) -> l
     """A history of one producer: per call its id, kind and the results it got."""
     recorder = Recorder(tmp_path / "p.jsonl", "p")
     for op_id, kind, results in calls:
-        recorder.invoke(op_id, kind, "6\n")
+        recorder.invoke(op_id, kind, "6\n", batch="b", index=int(op_id[1:]))
         for got in results:
-            recorder.complete(op_id, got, batch="b", index=int(op_id[1:]))
+            recorder.complete(op_id, got)
     recorder.close()
     return read_history(tmp_path)
 
