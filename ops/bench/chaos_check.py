@@ -78,6 +78,10 @@ LASTING = (
 )
 
 
+# A worker host's record of its latest lease (Keys.host_start) lives a week.
+HOST_START_TTL_S = 7 * 86400
+
+
 @dataclass
 class Report:
     """What the checker found: figures to print and every violation."""
@@ -311,7 +315,12 @@ def _holds(claim: str, index: int) -> bool:
 def check_keys(conn: redis.Redis, settings: Settings, report: Report) -> None:
     """No key outlives its TTL: each has one (but the fleet's records), none over the
     longest codepool sets."""
-    longest_s = max(settings.batch_ttl_s, settings.job_failure_ttl_s, settings.minute_stats_ttl_s)
+    longest_s = max(
+        settings.batch_ttl_s,
+        settings.job_failure_ttl_s,
+        settings.minute_stats_ttl_s,
+        HOST_START_TTL_S,
+    )
     unexpiring: Counter[str] = Counter()
     examples: dict[str, str] = {}
     too_long: Counter[str] = Counter()

@@ -24,6 +24,7 @@ from codepool.ops.redis_server import RedisServer
 from codepool.ops.serve_command import LISTENING
 
 READY_TIMEOUT_S = 90.0
+READY_S = 30.0  # what a fault waits for its host to start, at most
 STOP_TIMEOUT_S = 30.0
 
 
@@ -139,7 +140,7 @@ class ChaosFleet:
         finally:
             conn.close()
 
-    def ready(self, host: Host, timeout_s: float = READY_TIMEOUT_S) -> float:
+    def ready(self, host: Host, timeout_s: float = READY_S) -> float:
         """Until ``host`` has beaten since its last start (its executor is up by then);
         the seconds waited."""
         started = time.monotonic()
@@ -147,7 +148,9 @@ class ChaosFleet:
         try:
             while time.monotonic() - started < timeout_s:
                 try:
-                    beat = conn.zscore(Keys().hosts(), host.name)
+                    # Its lease is per start (``name~token``), named by its start record.
+                    lease = conn.get(Keys().host_start(host.name))
+                    beat = conn.zscore(Keys().hosts(), lease) if lease else None
                 except redis.RedisError:
                     beat = None
                 if beat is not None and beat > host.started_at:
