@@ -136,7 +136,8 @@ def _check(
     report.figures["fault costs"] = fault_costs(ops, faults)
     conn = redis.Redis.from_url(fleet.url)
     try:
-        check_redis(conn, settings, ops, report)
+        disconnects = sum(f["kind"] == "client_disconnect" for f in faults)
+        check_redis(conn, settings, ops, report, unrecorded=disconnects)
         check_keys(conn, settings, report)
     finally:
         conn.close()

@@ -235,40 +235,49 @@ def fault_costs(ops: dict[str, Operation], faults: list[dict[str, Any]]) -> list
 
 
 def check_redis(
-    conn: redis.Redis, settings: Settings, ops: dict[str, Operation], report: Report
+    conn: redis.Redis,
+    settings: Settings,
+    ops: dict[str, Operation],
+    report: Report,
+    *,
+    unrecorded: int = 0,
 ) -> None:
-    """Counters against the results hashes; what the trainer saw against what they hold."""
-    keys = settings.keys
-    tally: Counter[str] = Counter()
-    stored: dict[tuple[str, int], str] = {}
-    pattern = keys.batch_results("*")
-    names = list(conn.scan_iter(match=pattern, count=1000))
-    for start in range(0, len(names), 200):
-        chunk = names[start : start + 200]
-        with conn.pipeline(transaction=False) as pipe:
-            for name in chunk:
-                pipe.hgetall(name)
-            hashes = pipe.execute()
-        for name, fields in zip(chunk, hashes, strict=True):
-            batch_id = name.decode()[len(keys.prefix) + len("batch:") : -len(":results")]
-            for index, blob in fields.items():
-                try:
-                    status = decode_result(blob).status
-                except WireError:
-                    report.violate(f"undecodable result: {name.decode()} [{index.decode()}]")
-                    continue
-                tally[status] += 1
-                stored[(batch_id, int(index))] = status
-    stats: dict[bytes, bytes] = conn.hgetall(keys.stats())  # type: ignore[assignment]
+    """Counters against the results: the results hashes (batches) plus the lone calls
+    answered on the open work channel, which leave no result in Redis (each is matched
+    by its unique stdout when it rode a batch instead); what the trainer saw against what
+    the hashes hold. ``unrecorded``: calls made outside the history (client_disconnect)."""
+    tally, stored, printed = _read_results(conn, settings, report)
+    stats: dict[bytes, bytes] = conn.hgetall(settings.keys.stats())  # type: ignore[assignment]
     counters = {k.decode(): int(v) for k, v in stats.items()}
     results = sum(n for status, n in tally.items() if status != CANCELLED)
     report.figures["results in Redis"] = dict(tally)
-    if counters.get("calls", 0) != results:
-        report.violate(f"counters: calls {counters.get('calls', 0)} != {results} results")
+    lone = [op for op in ops.values() if op.kind in ("lone", "http")]
+    channel: Counter[str] = Counter(
+        str(op.outcomes[0]["status"])
+        for op in lone
+        if op.outcomes
+        and op.outcomes[0]["status"] in (*STATUSES, CANCELLED)
+        and not (op.outcomes[0]["status"] == "ok" and op.expect in printed)
+    )
+    # Calls whose caller left (gave up, was killed) may have been counted either way.
+    slack = sum(not op.outcomes for op in lone) + unrecorded
+    extra = counters.get("calls", 0) + counters.get(CANCELLED, 0) - sum(tally.values())
+    seen = sum(channel.values())
+    report.figures["lone calls counted on the channel"] = (
+        f"{extra} for {seen} seen and {slack} given up or unrecorded"
+    )
+    if not seen <= extra <= seen + slack:
+        report.violate(
+            f"lone counters: {extra} lone calls counted on the channel for {seen} results seen "
+            f"and {slack} calls given up or unrecorded (calls {counters.get('calls', 0)}, "
+            f"{results} results in batches)"
+        )
     for status in (*STATUSES, CANCELLED):
-        if counters.get(status, 0) != tally.get(status, 0):
+        counted = counters.get(status, 0) - tally.get(status, 0)
+        if counted < channel.get(status, 0):
             report.violate(
-                f"counters: {status} {counters.get(status, 0)} != {tally.get(status, 0)} results"
+                f"lone counters: {status} {counters.get(status, 0)} < {tally.get(status, 0)} in "
+                f"batches + {channel.get(status, 0)} lone calls seen"
             )
     for op in ops.values():
         held = stored.get((op.batch, op.index))
@@ -281,6 +290,36 @@ def check_redis(
                 report.violate(
                     f"unseen: {op.id} came back infra but its batch holds a counted {held} result"
                 )
+
+
+def _read_results(
+    conn: redis.Redis, settings: Settings, report: Report
+) -> tuple[Counter[str], dict[tuple[str, int], str], set[str]]:
+    """Every results hash: statuses tallied, (batch, index) -> status, ok stdouts."""
+    keys = settings.keys
+    tally: Counter[str] = Counter()
+    stored: dict[tuple[str, int], str] = {}
+    printed: set[str] = set()
+    names = list(conn.scan_iter(match=keys.batch_results("*"), count=1000))
+    for start in range(0, len(names), 200):
+        chunk = names[start : start + 200]
+        with conn.pipeline(transaction=False) as pipe:
+            for name in chunk:
+                pipe.hgetall(name)
+            hashes = pipe.execute()
+        for name, fields in zip(chunk, hashes, strict=True):
+            batch_id = name.decode()[len(keys.prefix) + len("batch:") : -len(":results")]
+            for index, blob in fields.items():
+                try:
+                    result = decode_result(blob)
+                except WireError:
+                    report.violate(f"undecodable result: {name.decode()} [{index.decode()}]")
+                    continue
+                tally[result.status] += 1
+                stored[(batch_id, int(index))] = result.status
+                if result.status == "ok":
+                    printed.add(result.stdout)
+    return tally, stored, printed
 
 
 def _claims(conn: redis.Redis, settings: Settings, op: Operation) -> str:

@@ -110,7 +110,7 @@ def test_counters_unseen_results_and_keys_are_checked_in_redis(
     check_redis(conn, SETTINGS, ops, report)
     check_keys(conn, SETTINGS, report)
     found = sorted(v.split(":")[0] for v in report.violations)
-    assert found == ["TTL over 604800 s", "counters", "no TTL", "unseen"], report.violations
+    assert found == ["TTL over 604800 s", "lone counters", "no TTL", "unseen"], report.violations
     conn.close()
 
 
