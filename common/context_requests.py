@@ -75,9 +75,15 @@ class ContextReply:
     result: bytes = b""
     error: str = ""
     ttl_s: float = 0.0
+    # The host does not hold the context's state any more though nothing ended it (the
+    # host restarted, its supervisor died): the caller rebuilds it from its record.
+    lost: bool = False
 
     def encode(self) -> bytes:
-        return dumps({"ok": self.ok, "result": self.result, "error": self.error, "ttl": self.ttl_s})
+        record = {"ok": self.ok, "result": self.result, "error": self.error, "ttl": self.ttl_s}
+        if self.lost:
+            record["lost"] = True
+        return dumps(record)
 
     @classmethod
     def decode(cls, data: bytes) -> ContextReply:
@@ -88,6 +94,7 @@ class ContextReply:
                 result=bytes(record.get("result") or b""),
                 error=str(record.get("error", "")),
                 ttl_s=float(record.get("ttl") or 0.0),
+                lost=bool(record.get("lost", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"malformed context reply: {exc}") from exc

@@ -45,6 +45,7 @@ LIVENESS_EVERY_S = 1.0  # how often a waiting call looks whether its host still 
 DEFAULT_TTL_S = 300.0  # the executors' default context_ttl_s
 REQUESTS_TTL_S = 3600  # a dead host's request list expires
 RECORD_MARGIN_S = 5  # the Redis record outlives the host's idle TTL by this much
+REBUILD_ATTEMPTS = 3  # rebuilds of one call's context, each after a fault
 # What a Redis that restarts, loads its AOF or fails over looks like: ridden out.
 OUTAGE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 OUTAGE_PAUSE_S = 0.5
@@ -101,7 +102,9 @@ class RemoteContext:
             timeout_s = float(limits.get("timeout_s", self.limits.get("timeout_s", 30.0)))
             reply = self._ask(ContextRequest("run", self.id, code=code, limits=limits), timeout_s)
             rebuilt = False
-            if reply is None:
+            for _ in range(REBUILD_ATTEMPTS):
+                if reply is not None and not reply.lost:
+                    break
                 lost = self._lost(timeout_s)
                 if lost is not None:
                     return lost
@@ -109,9 +112,9 @@ class RemoteContext:
                 reply = self._ask(
                     ContextRequest("run", self.id, code=code, limits=limits), timeout_s
                 )
-                if reply is None:
-                    self.ended = f"its host {self.host} was lost right after a rebuild"
-                    return not_run("infra", f"codepool: {self.ended}")
+            if reply is None or reply.lost:
+                self.ended = f"its host {self.host} was lost right after each of its rebuilds"
+                return not_run("infra", f"codepool: {self.ended}")
             if not reply.ok:
                 self.ended = reply.error
                 return rejected(f"rejected: the context ended: {reply.error}")
@@ -132,7 +135,7 @@ class RemoteContext:
                 raise CodepoolError(f"cannot fork: the context ended: {self.ended}")
             new = [new_id() for _ in range(n)]
             reply = self._ask(ContextRequest("fork", self.id, new=new), OPEN_TIMEOUT_S)
-            if reply is None:
+            if reply is None or reply.lost:
                 if self._lost(OPEN_TIMEOUT_S) is not None:
                     raise ContextLost(f"cannot fork: {self.ended}")
                 reply = self._ask(ContextRequest("fork", self.id, new=new), OPEN_TIMEOUT_S)
@@ -252,30 +255,59 @@ class RemoteContext:
             raise RedisUnavailable(f"context {self.id}: Redis unreachable: {exc}") from exc
 
     def _lost(self, timeout_s: float) -> ExecResult | None:
-        """The host is lost: rebuild here (None: rebuilt) or say why it cannot be."""
+        """The context's state is lost (its host is gone or restarted, its supervisor
+        died): rebuild it (None: rebuilt) or say why it cannot be. The old context is
+        closed first, in case its host lives on; a rebuild that meets a fault (a host
+        lost or restarted during the replay) is tried again, REBUILD_ATTEMPTS in all."""
         lost_host = self.host
         if not self.rebuild:
             self.ended = f"the context was lost with its host {lost_host}"
             return not_run("infra", f"codepool: {self.ended}")
-        try:
-            host, self.ttl_s = open_on_a_host(self.pool, self.id, self.limits, exclude={lost_host})
-        except CodepoolError as exc:
-            self.ended = f"its host {lost_host} was lost and no host could take it: {exc}"
-            return not_run("infra", f"codepool: {self.ended}")
-        self.host = host
-        self._record()
-        for code in self.history:
-            reply = self._ask(ContextRequest("run", self.id, code=code), timeout_s)
-            replayed = decode_result(reply.result) if reply is not None and reply.ok else None
-            if replayed is None or replayed.status != "ok":
+        for _ in range(REBUILD_ATTEMPTS):
+            self._send_close()  # its host's requests run in order: before the reopen
+            try:
+                self.host, self.ttl_s = self._reopen(lost_host)
+            except CodepoolError as exc:
+                self.ended = f"its host {lost_host} was lost and no host could take it: {exc}"
+                return not_run("infra", f"codepool: {self.ended}")
+            self._record()
+            replayed = self._replay(timeout_s)
+            if replayed is None:
+                continue  # a fault during the replay: again, from the start
+            if not replayed:
                 self.ended = f"its host {lost_host} was lost and replaying its calls failed"
                 return not_run("infra", f"codepool: {self.ended}")
+            break
+        else:
+            self.ended = f"its host {lost_host} was lost and each rebuild met a fault"
+            return not_run("infra", f"codepool: {self.ended}")
         self.rebuilds += 1
         try:
             self.pool.conn.hincrby(self.pool.keys.stats(), "contexts_rebuilt", 1)
         except redis.RedisError:
             pass  # a count, not the call
         return None
+
+    def _reopen(self, lost_host: str) -> tuple[str, float]:
+        """Open the context anew: on another host if one can take it, else on the same
+        one if it lives (restarted under its name, or with a new supervisor)."""
+        try:
+            return open_on_a_host(self.pool, self.id, self.limits, exclude={lost_host})
+        except CodepoolError:
+            if not host_lives(self.pool, lost_host):
+                raise
+            return open_on_a_host(self.pool, self.id, self.limits, exclude=set())
+
+    def _replay(self, timeout_s: float) -> bool | None:
+        """Run the recorded calls again: True when each came back ok, False when one
+        did not (it will not on any host), None when a fault cut the replay short."""
+        for code in self.history:
+            reply = self._ask(ContextRequest("run", self.id, code=code), timeout_s)
+            if reply is None or reply.lost:
+                return None
+            if not reply.ok or decode_result(reply.result).status != "ok":
+                return False
+        return True
 
 
 def host_lives(pool: PoolView, host: str) -> bool:

@@ -7,7 +7,12 @@ without waiting for it: calls and forks resolve on the executor's own threads, a
 their replies go out from one writer thread. Calls on one context run one at a time,
 in order (the engine's rule), calls on different contexts in parallel, each holding
 one of the executor's slots only while it runs. A context the engine ended (a limit, its
-idle TTL) is dropped here at its next request, which is told so.
+idle TTL) is dropped here at its next request, which is told so. A context this host
+does not hold though nothing ended it (the host restarted under its name, its
+supervisor died and took the state with it) is answered *lost*: its caller rebuilds it
+from its recorded calls, as for a host that is gone. A reply whose write fails is
+written again until it gets through (within its TTL): a reply given up on made its
+caller judge the host lost and run the call twice.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from typing import Any, cast
@@ -26,12 +32,15 @@ from codepool.common.connection import redis_client
 from codepool.common.context_requests import ContextReply, ContextRequest
 from codepool.common.errors import CodepoolError, WireError
 from codepool.common.settings import Settings
-from codepool.worker.engine.context import Context
+from codepool.worker.engine.context import RESTARTED, Context
 from codepool.worker.engine.executor import LocalExecutor
 
 log = logging.getLogger(__name__)
 
 BLOCK_S = 30
+# Ended contexts whose reason a late request is still told (past that, it is "lost").
+ENDED_REMEMBERED = 4096
+REPLY_RETRY_S = 0.5
 # Request ids remembered, so a request a producer sent again (its push's reply lost to
 # a Redis restart) is not run twice.
 SEEN_IDS = 4096
@@ -54,6 +63,7 @@ class ContextServer:
         self._lock = threading.Lock()
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._counts: Counter[str] = Counter()  # counters to add with the next reply
+        self._ended: OrderedDict[str, str] = OrderedDict()  # dropped ones: why they ended
         self._seen: OrderedDict[str, None] = OrderedDict()  # request ids taken (reader's)
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._read, name="codepool-contexts", daemon=True)
@@ -120,17 +130,23 @@ class ContextServer:
         with self._lock:
             context = self.contexts.get(request.ctx)
             if context is not None and context.ended is not None and request.op != "run":
-                del self.contexts[request.ctx]
+                self._drop(request.ctx)
+            reason = self._ended.get(request.ctx)
         if request.op == "close":
             if context is not None:
                 with self._lock:
-                    self.contexts.pop(request.ctx, None)
+                    if self.contexts.pop(request.ctx, None) is not None:
+                        self._ended[request.ctx] = "closed by its caller"
                 context.close()
             self._reply(request, ContextReply(ok=True))
             return
-        if context is None:
-            message = "no such context on this host: it ended (a limit or its idle TTL)"
-            self._reply(request, ContextReply(ok=False, error=message))
+        if context is None or context.ended == RESTARTED:
+            if reason is not None and reason != RESTARTED:
+                message = f"no such context on this host: it ended ({reason})"
+                self._reply(request, ContextReply(ok=False, error=message))
+                return
+            why = RESTARTED if reason or context else "this host does not hold it (it restarted)"
+            self._reply(request, ContextReply(ok=False, error=why, lost=True))
             return
         if request.op == "run":
             future = context.submit(request.code, **request.limits)
@@ -161,10 +177,17 @@ class ContextServer:
         except CodepoolError as exc:
             self._reply(request, ContextReply(ok=False, error=str(exc)))
             return
+        if context.ended == RESTARTED and result.status in ("infra", "rejected"):
+            # The supervisor went during the call (or before it): not the call's doing.
+            with self._lock:
+                if self.contexts.get(request.ctx) is context:
+                    self._drop(request.ctx)
+            self._reply(request, ContextReply(ok=False, error=RESTARTED, lost=True))
+            return
         with self._lock:
             self._counts["context_calls"] += 1
             if context.ended is not None and self.contexts.get(request.ctx) is context:
-                del self.contexts[request.ctx]
+                self._drop(request.ctx)
                 by_limit = result.status != "rejected"  # else it had ended before
                 self._counts["contexts_ended_limit" if by_limit else "contexts_ended_ttl"] += 1
         self._reply(request, ContextReply(ok=True, result=encode_result(result)))
@@ -185,10 +208,17 @@ class ContextServer:
         with self._lock:
             ended = [key for key, ctx in self.contexts.items() if ctx.ended is not None]
             for key in ended:
-                del self.contexts[key]
+                self._drop(key)
             if ended:
                 self._counts["contexts_ended_ttl"] += len(ended)
                 self._replies.put(None)  # the writer flushes the counts
+
+    def _drop(self, key: str) -> None:
+        """Forget an ended context, remembering why (the caller holds the lock)."""
+        context = self.contexts.pop(key)
+        self._ended[key] = context.ended or "closed"
+        if len(self._ended) > ENDED_REMEMBERED:
+            self._ended.popitem(last=False)
 
     # -- replies ---------------------------------------------------------------------
 
@@ -199,15 +229,27 @@ class ContextServer:
         while (item := self._replies.get()) is not _STOP:
             with self._lock:
                 counts, self._counts = self._counts, Counter()
-            try:
-                with self.conn.pipeline(transaction=False) as pipe:
-                    if item is not None:
-                        key, data = item
-                        pipe.rpush(key, data)
-                        pipe.expire(key, REPLY_TTL_S)
-                    for field, value in counts.items():
-                        pipe.hincrby(self.keys.stats(), field, value)
-                        pipe.hincrby(self.keys.worker_stats(self.host), field, value)
-                    pipe.execute()
-            except redis.RedisError as exc:
-                log.warning("worker %s: a context reply was lost: %s", self.host, exc)
+            give_up = time.monotonic() + REPLY_TTL_S
+            failing = False
+            while True:
+                try:
+                    with self.conn.pipeline(transaction=False) as pipe:
+                        if item is not None:
+                            key, data = item
+                            pipe.rpush(key, data)
+                            pipe.expire(key, REPLY_TTL_S)
+                        for field, value in counts.items():
+                            pipe.hincrby(self.keys.stats(), field, value)
+                            pipe.hincrby(self.keys.worker_stats(self.host), field, value)
+                        pipe.execute()
+                    break
+                except redis.RedisError as exc:
+                    # An RPUSH that failed may have landed: a second copy waits unread
+                    # on its own key, which expires.
+                    if self._stop.is_set() or time.monotonic() >= give_up:
+                        log.warning("worker %s: a context reply was lost: %s", self.host, exc)
+                        break
+                    if not failing:
+                        log.warning("worker %s: writing a context reply: %s", self.host, exc)
+                    failing = True
+                    self._stop.wait(REPLY_RETRY_S)

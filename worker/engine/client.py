@@ -28,7 +28,7 @@ from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, cancelled, infra, rejected
 from codepool.common.retry import retry_until
 from codepool.common.snippet import Snippet, split_inputs
-from codepool.worker.engine.context import Context
+from codepool.worker.engine.context import RESTARTED, Context
 from codepool.worker.engine.protocol import FrameReader, encode_frame, recv_one
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class SupervisorClient:
         if sock is not None:
             self._send(sock, generation, request_id, pending)
         else:
-            message = "codepool: the executor restarted: the context's state is gone"
+            message = f"codepool: {RESTARTED}"
             self._finish(request_id, infra(message, worker=self.name))
         return future
 
@@ -377,7 +377,7 @@ class SupervisorClient:
         reader.start()
         for request_id, pending in unsent:
             if pending.context is not None:
-                message = "codepool: the executor restarted: the context's state is gone"
+                message = f"codepool: {RESTARTED}"
                 self._finish(request_id, infra(message, worker=self.name))
             elif pending.withdrawn:
                 self._cancel(request_id)
@@ -413,7 +413,7 @@ class SupervisorClient:
                     context = self._contexts.get(message["ctx"])
                     if context is not None:
                         context._end(str(message["reason"]))
-        self._contexts_lost("the executor restarted: the context's state is gone")
+        self._contexts_lost(RESTARTED)
         self._lost()
         with self._lock:
             if self._closing:

@@ -27,6 +27,10 @@ from codepool.common.errors import ContextError
 from codepool.common.limits import Limits
 from codepool.common.result import ExecResult, rejected
 
+# Why a context ended when its executor's supervisor went (killed, crashed): nothing of
+# the caller's ended it, so a caller that recorded its calls may rebuild it.
+RESTARTED = "the executor restarted: the context's state is gone"
+
 
 class ContextChannel(Protocol):
     """What a context sends its orders through: the supervisor client
@@ -43,6 +47,11 @@ class ContextChannel(Protocol):
     ) -> Future[list[Context]]: ...
 
     def _context_close(self, context_id: int) -> None: ...
+
+
+# Why a context ended when its executor's supervisor went (killed, crashed): nothing of
+# the caller's ended it, so a caller that recorded its calls may rebuild it.
+RESTARTED = "the executor restarted: the context's state is gone"
 
 
 class Context:
