@@ -32,6 +32,7 @@ left behind does not outlive it. The harness starts no test it cannot finish wit
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -39,6 +40,7 @@ import signal
 import sys
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 SPEC_PATH = ".codepool_tests.json"
@@ -216,20 +218,16 @@ class Harness:
         self.head: str = spec["prefix"] + spec["candidate"] + "\n\n"
         self.cases: list[dict[str, Any]] = spec["cases"]
         self.timeout_s = float(spec["timeout_s"])
-        self.budget_s = float(spec["budget_s"])
         self.max_chars = int(spec["max_output_chars"])
         self.use_fork = bool(spec.get("fork", True))
         self.started = time.monotonic()
+        self.deadline = self.started + float(spec["budget_s"]) - BUDGET_MARGIN_S
         self.children = _Children()
-        self.templates = 0
-        self.template: tuple[int, int, int] | None = None  # pid, command fd, reply fd
-        self.load_s = 0.0
-        self.load_out = b""
-        self.load_err = b""
         self.head_code: Any = None
         self.case_codes: list[Any] = []
         self.compiled: dict[str, Any] = {}
         self.pad = "\n" * self.head.count("\n")
+        self.results: Any = None
 
     # -- the run ------------------------------------------------------------------------
 
@@ -238,23 +236,41 @@ class Harness:
             if case.get("stdin") is not None:
                 with open(f".codepool_in_{index}", "w", encoding="utf-8") as f:
                     f.write(case["stdin"])
-        forkable = self._compile_cases() if self.use_fork else [None] * len(self.cases)
-        self.case_codes = forkable
-        if any(code is not None for code in forkable):
-            self._start_template()
-        with open(RESULTS_PATH, "a", encoding="utf-8") as results:
-            for index, case in enumerate(self.cases):
-                spent_s = time.monotonic() - self.started
-                if index and spent_s + self.timeout_s > self.budget_s - BUDGET_MARGIN_S:
-                    break  # left for the client to run in another snippet
-                line = None
-                if forkable[index] is not None and self.template is not None:
-                    line = self._forked(index, case)
-                if line is None:
-                    line = self._plain(index, case)
-                results.write(json.dumps(line) + "\n")
-                results.flush()
-        self._end_template()
+        self.case_codes = self._compile_cases() if self.use_fork else [None] * len(self.cases)
+        self.results = open(RESULTS_PATH, "a", encoding="utf-8")
+        templates = 0
+        index = 0
+        while index < len(self.cases):
+            if index and not self._has_time():
+                break  # left for the client to run in another snippet
+            if self.case_codes[index] is None or templates >= MAX_TEMPLATES:
+                self._write(self._plain(index))
+                index += 1
+                continue
+            run = [index]  # the forkable cases from here: one template serves them
+            while run[-1] + 1 < len(self.cases) and self.case_codes[run[-1] + 1] is not None:
+                run.append(run[-1] + 1)
+            templates += 1
+            left = self._forked(run)
+            if not left:
+                index = run[-1] + 1
+                continue
+            if not self._has_time():
+                break
+            if left == run:  # no template (or it died at once): the rest run plain
+                templates = MAX_TEMPLATES
+            # The case the template was on when it went runs plain; a new template
+            # takes the cases after it.
+            self._write(self._plain(left[0]))
+            index = left[0] + 1
+        self.results.close()
+
+    def _has_time(self) -> bool:
+        return time.monotonic() + self.timeout_s <= self.deadline
+
+    def _write(self, line: dict[str, Any]) -> None:
+        self.results.write(json.dumps(line) + "\n")
+        self.results.flush()
 
     def _compile_cases(self) -> list[Any]:
         if "__future__" in self.head:
@@ -292,75 +308,85 @@ class Harness:
         line.update(_status_fields(status))
         return line
 
+    def _run_child(
+        self, index: int, child: Callable[[], None], timeout_s: float, mode: str
+    ) -> dict[str, Any]:
+        """Fork ``child`` for case ``index``, time it, kill its group; its result line."""
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child ends in os._exit
+            try:
+                _own_group()
+                child()
+            finally:
+                os._exit(121)
+        status = self.children.wait(pid, timeout_s)
+        took_s = time.monotonic() - started
+        _kill_group(pid)
+        if status is None:
+            self.children.wait(pid, 5.0)
+        return self._outcome(index, status, took_s, mode)
+
     # -- plain runs ------------------------------------------------------------------------
 
-    def _plain(self, index: int, case: dict[str, Any]) -> dict[str, Any]:
+    def _plain(self, index: int) -> dict[str, Any]:
         stdin_path, out_path, err_path = self._files(index)
-        source = self.head + (case.get("code") or "")
+        source = self.head + (self.cases[index].get("code") or "")
         if source not in self.compiled:  # stdin/stdout tests share one program
             try:
                 self.compiled[source] = compile(source, FILENAME, "exec", dont_inherit=True)
             except (SyntaxError, ValueError) as exc:
                 self.compiled[source] = exc
         code_obj = self.compiled[source]
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child ends in _finish
-            try:
-                _own_group()
-                _point_stdio(stdin_path, out_path, err_path, streams=True)
-                namespace = _fresh_main()
-                if isinstance(code_obj, BaseException):
-                    sys.excepthook(type(code_obj), code_obj.with_traceback(None), None)
-                    sys.stderr.flush()
-                    os._exit(1)
-                _finish(code_obj, namespace)
-            finally:
-                os._exit(121)
-        status = self.children.wait(pid, self.timeout_s)
-        took_s = time.monotonic() - started
-        _kill_group(pid)
-        if status is None:
-            self.children.wait(pid, 5.0)
-        return self._outcome(index, status, took_s, "plain")
+
+        def child() -> None:
+            _point_stdio(stdin_path, out_path, err_path, streams=True)
+            namespace = _fresh_main()
+            if isinstance(code_obj, BaseException):
+                sys.excepthook(type(code_obj), code_obj.with_traceback(None), None)
+                sys.stderr.flush()
+                os._exit(1)
+            _finish(code_obj, namespace)
+
+        return self._run_child(index, child, self.timeout_s, "plain")
 
     # -- the template and its forks ----------------------------------------------------------
 
-    def _start_template(self) -> None:
-        if self.templates >= MAX_TEMPLATES:
-            return
-        self.templates += 1
-        command_r, command_w = os.pipe()
-        reply_r, reply_w = os.pipe()
+    def _forked(self, run: list[int]) -> list[int]:
+        """Cases ``run`` in forks of a template that loads the program once; the cases
+        it left (all of them when the program makes no template; from the one it was
+        on when it died; those it had no time for)."""
+        ready_r, ready_w = os.pipe()
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the template ends in os._exit
             try:
-                os.close(command_w)
-                os.close(reply_r)
-                self._template(command_r, reply_w)
+                os.close(ready_r)
+                self._template(run, ready_w, started)
             finally:
                 os._exit(0)
-        os.close(command_r)
-        os.close(reply_w)
-        ready = select.select([reply_r], [], [], max(0.0, self.timeout_s - LOAD_MARGIN_S))[0]
-        answer = os.read(reply_r, 64) if ready else b""
-        if answer[:1] != b"R":  # failed, read stdin, or too slow: no template
+        os.close(ready_w)
+        load_s = max(0.0, self.timeout_s - LOAD_MARGIN_S)
+        ready = select.select([ready_r], [], [], load_s)[0]
+        answer = os.read(ready_r, 8) if ready else b""
+        os.close(ready_r)
+        status = None
+        if answer[:1] == b"R":  # loaded: it runs the cases, each within its timeout
+            status = self.children.wait(pid, len(run) * (self.timeout_s + 1.0) + 5.0)
+        if status is None:
             _kill_group(pid)
             self.children.wait(pid, 5.0)
-            os.close(command_w)
-            os.close(reply_r)
-            return
-        self.load_s = time.monotonic() - started
-        self.template = (pid, command_w, reply_r)
+        done = set()
+        with open(RESULTS_PATH, encoding="utf-8") as f:
+            for raw in f:
+                try:
+                    done.add(json.loads(raw)["i"])
+                except (ValueError, KeyError, TypeError):
+                    pass
+        return [index for index in run if index not in done]
 
-    def _template(self, command_r: int, reply_w: int) -> None:
+    def _template(self, run: list[int], ready_w: int, started: float) -> None:
         _own_group()
-        for path in (".codepool_load_out", ".codepool_load_err"):  # a former template's
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
         _point_stdio(None, ".codepool_load_out", ".codepool_load_err", streams=True)
         # stdin: a pipe nobody writes, so a read of fd 0 blocks the load past its time;
         # sys.stdin says when it is touched.
@@ -370,106 +396,47 @@ class Harness:
         namespace = _fresh_main()
         # What the harness needs after the load; a load that replaced any of them
         # (monkeypatched os, builtins) makes no template: its tests run plain.
-        needed = (os.fork, os.read, os.write, os.waitpid, os.open, os.dup2, os.close, open)
+        needed = _harness_needs()
         try:
             exec(self.head_code, namespace)
             sys.stdout.flush()
             sys.stderr.flush()
         except BaseException:
             os._exit(0)
-        now = (os.fork, os.read, os.write, os.waitpid, os.open, os.dup2, os.close, open)
-        if _StdinGuard.touched or any(a is not b for a, b in zip(needed, now, strict=True)):
+        if _StdinGuard.touched or _harness_needs() != needed:
             os._exit(0)
-        os.write(reply_w, b"R")
-        buffered = b""
-        while True:
-            while b"\n" not in buffered:
-                chunk = os.read(command_r, 64)
-                if not chunk:
-                    os._exit(0)
-                buffered += chunk
-            line, buffered = buffered.split(b"\n", 1)
-            index = int(line)
-            child = os.fork()
-            if child == 0:
-                os.close(command_r)
-                os.close(reply_w)
+        loaded = []
+        for path in (".codepool_load_out", ".codepool_load_err"):
+            with open(path, "rb") as f:
+                loaded.append(f.read())
+        gc.freeze()  # the forks then copy fewer pages
+        os.write(ready_w, b"R")
+        os.close(ready_w)
+        case_timeout_s = max(0.0, self.timeout_s - (time.monotonic() - started))
+        for index in run:
+            if index != run[0] and not self._has_time():
+                break
+
+            def child(index: int = index) -> None:
                 os.close(hold_r)
-                self._test_child(index, namespace)
-            os.write(reply_w, b"%d\n" % child)
-            _, status = os.waitpid(child, 0)
-            os.write(reply_w, b"%d\n" % status)
+                stdin_path, out_path, err_path = self._files(index)
+                for path, data in ((out_path, loaded[0]), (err_path, loaded[1])):
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    os.write(fd, data)
+                    os.close(fd)
+                _point_stdio(stdin_path, out_path, err_path, streams=False)
+                _finish(self.case_codes[index], namespace)
 
-    def _test_child(self, index: int, namespace: dict[str, Any]) -> None:
-        try:
-            _own_group()
-            stdin_path, out_path, err_path = self._files(index)
-            for src, dst in ((".codepool_load_out", out_path), (".codepool_load_err", err_path)):
-                with open(src, "rb") as f, open(dst, "wb") as g:
-                    g.write(f.read())
-            _point_stdio(stdin_path, out_path, err_path, streams=False)
-            _finish(self.case_codes[index], namespace)
-        finally:
-            os._exit(121)
+            self._write(self._run_child(index, child, case_timeout_s, "fork"))
+        os._exit(0)
 
-    def _forked(self, index: int, case: dict[str, Any]) -> dict[str, Any] | None:
-        """The test forked from the template; None when the template is gone (the test
-        then runs plain, and a new template serves the tests after it)."""
-        assert self.template is not None
-        _, command_w, reply_r = self.template
-        started = time.monotonic()
-        deadline = started + max(0.0, self.timeout_s - self.load_s)
-        child = 0
-        try:
-            os.write(command_w, b"%d\n" % index)
-            child = int(self._reply_line(reply_r, started + 5.0))
-            ready = select.select([reply_r], [], [], max(0.0, deadline - time.monotonic()))[0]
-            status: int | None = None
-            if ready:
-                status = int(self._reply_line(reply_r, time.monotonic() + 5.0))
-        except (OSError, ValueError, TimeoutError):
-            if child > 0:
-                _kill_group(child)
-            self._lose_template()
-            return None
-        took_s = time.monotonic() - started
-        _kill_group(child)
-        if status is None:
-            try:
-                self._reply_line(reply_r, time.monotonic() + 5.0)
-            except (OSError, ValueError, TimeoutError):
-                self._lose_template()
-        return self._outcome(index, status, took_s, "fork")
 
-    def _reply_line(self, reply_r: int, deadline: float) -> bytes:
-        line = b""
-        while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([reply_r], [], [], left)[0]:
-                raise TimeoutError("no reply from the template")
-            chunk = os.read(reply_r, 1)
-            if not chunk:
-                raise OSError("the template is gone")
-            line += chunk
-        return line.strip()
-
-    def _lose_template(self) -> None:
-        self._end_template()
-        self._start_template()
-
-    def _end_template(self) -> None:
-        if self.template is None:
-            return
-        pid, command_w, reply_r = self.template
-        self.template = None
-        for fd in (command_w, reply_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        if self.children.wait(pid, 1.0) is None:
-            _kill_group(pid)
-            self.children.wait(pid, 5.0)
+def _harness_needs() -> list[int]:
+    """Who the functions the template calls after the load are (by id)."""
+    functions: list[object] = [os.fork, os.read, os.write, os.waitpid, os.open, os.dup2]
+    functions += [os.close, os.kill, os.killpg, os.unlink, os.fstat, select.select]
+    functions += [time.monotonic, json.dumps, open, compile, exec]
+    return [id(function) for function in functions]
 
 
 def main() -> None:
