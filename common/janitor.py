@@ -36,6 +36,9 @@ from codepool.common.tally import write_calls
 log = logging.getLogger(__name__)
 
 LOST_MESSAGE = "codepool: the worker running this snippet was lost {runs} times; not run again"
+# How far Redis's clock may run ahead of ours between two beats (beyond the beat's own
+# round trip) before it counts as a jump (seconds).
+CLOCK_SLACK_S = 0.5
 
 
 class Janitor:
@@ -48,13 +51,20 @@ class Janitor:
         self.name = name
         self.queue = batch_queue(conn, settings)
         self._contact_since: float | None = None
+        self._clock: tuple[float, float] | None = None  # (our send time, Redis's time)
         self._generation = failover.generation(conn)  # moves of a Sentinel's primary
 
-    def in_contact(self, ok: bool) -> bool:
+    def in_contact(
+        self, ok: bool, *, sent_at: float | None = None, server_time: float | None = None
+    ) -> bool:
         """Note whether the caller's last Redis round trip worked; True once it has
         worked for a whole lease, on the same primary (a Sentinel failover starts the
-        count anew). Only then may lapses be trusted: after a Redis restart, a failover
-        or a partition of our own, everyone looks lapsed for a moment."""
+        count anew), and Redis's clock has not jumped ahead of ours meanwhile. Only then
+        may lapses be trusted: after a Redis restart, a failover or a partition of our
+        own, everyone looks lapsed for a moment, and so they do when Redis's clock jumps
+        past a lease (an NTP step, a restart on a host whose clock is ahead) while they
+        live. ``sent_at``: when the round trip left (time.monotonic()); ``server_time``:
+        Redis's TIME in it (a beat's ``HostBeat.server_time``)."""
         generation = failover.generation(self.conn)
         if generation != self._generation:
             self._generation, self._contact_since = generation, None
@@ -62,9 +72,28 @@ class Janitor:
         if not ok:
             self._contact_since = None
             return False
+        if sent_at is not None and server_time is not None:
+            self._watch_clock(sent_at, server_time, round_trip_s=now - sent_at)
         if self._contact_since is None:
             self._contact_since = now
         return now - self._contact_since >= self.settings.lease_s
+
+    def _watch_clock(self, sent_at: float, server_time: float, *, round_trip_s: float) -> None:
+        """Start the count of trust anew when Redis's clock ran ahead of ours since the
+        last round trip by more than this one took (and a slack): what lapsed then may
+        be alive, and its next beat, in Redis's new time, says so within a lease."""
+        if self._clock is not None:
+            last_sent, last_server = self._clock
+            ahead_s = (server_time - last_server) - (sent_at - last_sent)
+            if ahead_s > round_trip_s + CLOCK_SLACK_S:
+                log.warning(
+                    "janitor %s: Redis's clock jumped %.1f s ahead of ours; lapses are not "
+                    "trusted for a lease",
+                    self.name,
+                    ahead_s,
+                )
+                self._contact_since = None
+        self._clock = (sent_at, server_time)
 
     def sweep(self, lapsed: list[str], live: int) -> int:
         """Recover each lapsed worker host (and each fenced one a janitor left

@@ -217,8 +217,9 @@ return firsts
 # hosts and dispatchers a janitor left unreleased for a lease (it died on the way), the
 # lapsed producers, and counts the live hosts.
 # -> {lost, replaced} or, with the round, {lost, replaced, lapsed hosts and fenced
-#    leftovers, lapsed producers, live hosts}; lost = 1 when the host was fenced;
-#    replaced: the lease of the host's previous start ('' for none).
+#    leftovers, lapsed producers, live hosts}, then the server's TIME (seconds,
+#    microseconds); lost = 1 when the host was fenced; replaced: the lease of the
+#    host's previous start ('' for none).
 HOST_BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -244,14 +245,14 @@ if ARGV[1] ~= '' then
     redis.call('SADD', KEYS[3], unpack(ARGV, 6, #ARGV))
   end
 end
-if ARGV[3] ~= '1' then return {lost, replaced} end
+if ARGV[3] ~= '1' then return {lost, replaced, t[1], t[2]} end
 local since = now - ARGV[2]
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', since, 'LIMIT', 0, 16)
 for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', since, 'LIMIT', 0, 16)) do
   lapsed[#lapsed + 1] = name
 end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', since, 'LIMIT', 0, 16)
-return {lost, replaced, lapsed, gone, redis.call('ZCOUNT', KEYS[1], since, '+inf')}
+return {lost, replaced, lapsed, gone, redis.call('ZCOUNT', KEYS[1], since, '+inf'), t[1], t[2]}
 """
 
 # KEYS: hosts, leases, fenced, host_slots, fleet. ARGV: a host or a dispatcher, lease_s
@@ -538,6 +539,7 @@ def host_beat(
         [host, lease_s, "1" if janitor else "0", "1" if first else "0", slots, *new],
     )
     beat = HostBeat(lost=int(reply[0]) == 1, replaced=_text(reply[1]))
+    beat.server_time = int(reply[-2]) + int(reply[-1]) / 1e6
     if janitor:
         beat.lapsed = [_text(name) for name in reply[2]]
         beat.lapsed_producers = [_text(producer) for producer in reply[3]]
@@ -556,6 +558,7 @@ class HostBeat:
     lapsed: list[str] = field(default_factory=list)
     lapsed_producers: list[str] = field(default_factory=list)
     live: int | None = None
+    server_time: float | None = None  # Redis's clock when it ran the beat (seconds)
 
 
 def leased_dispatchers(conn: redis.Redis, keys: Keys, host: str, lease_s: float) -> list[str]:

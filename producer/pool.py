@@ -322,7 +322,7 @@ class CodePool:
                 self._watched = None
                 return None
             live = beat.live or 0
-            trusted = self.janitor.in_contact(True)
+            trusted = self.janitor.in_contact(True, sent_at=now, server_time=beat.server_time)
             if trusted and beat.lapsed:
                 self.janitor.sweep(beat.lapsed, live)
             if trusted and beat.lapsed_producers:

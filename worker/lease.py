@@ -213,7 +213,7 @@ class HostLease:
             log.info("worker %s: heartbeats answered again", self.host)
         self._failing = False
         self._beats += 1
-        trusted = self.janitor.in_contact(True)
+        trusted = self.janitor.in_contact(True, sent_at=now, server_time=beat.server_time)
         lost_slots: list[int] = []
         with self._lock:
             if not self._taken and not beat.lost:
