@@ -362,7 +362,8 @@ def test_bad_input_is_rejected_or_an_error(executor: LocalExecutor) -> None:
     nul = executor.run("print(1)\0")
     assert nul.status == "error" and "null bytes" in nul.stderr
     surrogate = executor.run("print('\udc80')")
-    assert surrogate.status == "error" and "SyntaxError" in surrogate.stderr
+    # As ``python -c`` words a command that is no UTF-8 (tests/differential has the rest).
+    assert surrogate.status == "error" and "surrogates not allowed" in surrogate.stderr
     assert executor.run("print('alive')").stdout == "alive\n"
     assert_nothing_left(executor)
 

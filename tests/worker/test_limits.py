@@ -26,7 +26,11 @@ def test_a_cpu_hog_is_stopped_by_its_cpu_limit_before_its_timeout(
 ) -> None:
     r = executor.run("while True: pass", cpu_s=1.0, timeout_s=20.0)
     assert not r.timed_out and r.status == "signal" and r.returncode in (-24, -9), r
-    assert r.cpu_s >= 0.9 and r.limit == "cpu_time"
+    assert r.limit == "cpu_time"
+    # SIGXCPU is the kernel's own word that the limit was reached: it holds RLIMIT_CPU to
+    # the CPU it samples by ticks, which on a loaded machine runs ahead of the runtime
+    # rusage reports (0.8 s at a 1-s limit at load 60). A SIGKILL says nothing by itself.
+    assert r.returncode == -24 or r.cpu_s >= 0.9, r
     # A handler for SIGXCPU only defers the hard limit's SIGKILL, a second later.
     code = "import signal\nsignal.signal(signal.SIGXCPU, lambda *_: None)\nwhile True: pass"
     r = executor.run(code, cpu_s=1.0, timeout_s=20.0)

@@ -66,7 +66,7 @@
 #define MT_WORDS 624
 /* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
  * stale build (an in-place .so left from an older checkout) instead of crashing. */
-#define NATIVE_ABI 7
+#define NATIVE_ABI 8
 
 #define MAX_PATHS 64
 #define MAX_RULES 256
@@ -682,16 +682,11 @@ struct __attribute__((packed)) notice {
  * snippet's first process (FIRST_PID, its namespace's init): a process it forked ends
  * in its own way and the snippet goes on. Best effort: a full or closed pipe leaves the
  * supervisor waiting for the exit instead. */
-static PyObject *say_done(PyObject *self, PyObject *arg) {
-    (void)self;
-    long code = PyLong_AsLong(arg);
-    if (code == -1 && PyErr_Occurred())
-        return NULL;
-    if (getpid() != FIRST_PID)
-        Py_RETURN_NONE;
+static void write_notice(long code) {
+    /* Only system calls: a signal handler says it too (on_fatal_signal). */
     struct rusage own, reaped;
     if (getrusage(RUSAGE_SELF, &own) < 0 || getrusage(RUSAGE_CHILDREN, &reaped) < 0)
-        Py_RETURN_NONE;
+        return;
     struct notice notice = {(int32_t)code, DONE_MAGIC, 0,
                             own.ru_maxrss > reaped.ru_maxrss ? own.ru_maxrss : reaped.ru_maxrss,
                             ns_last_pid()};
@@ -701,7 +696,73 @@ static PyObject *say_done(PyObject *self, PyObject *arg) {
         notice.cpu_us += (int64_t)times[i]->tv_sec * 1000000 + times[i]->tv_usec;
     ssize_t ignored = write(DONE_FD, &notice, sizeof notice);
     (void)ignored;
+}
+
+static PyObject *say_done(PyObject *self, PyObject *arg) {
+    (void)self;
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    if (getpid() == FIRST_PID)
+        write_notice(code);
     Py_RETURN_NONE;
+}
+
+/* A PID namespace's init is spared every signal sent from inside it whose action is the
+ * default: the kernel drops them, so a snippet that is its namespace's init would go on
+ * after os.kill(os.getpid(), SIGTERM), signal.alarm or its CPU limit's SIGXCPU, and
+ * os.abort() would end by SIGSEGV. This handler stands for the default action: in the
+ * init, the done notice says the signal (the supervisor then kills it and reports it as
+ * killed by that signal); in any other process (a fork) the default action itself. It
+ * is set where Python's table says SIG_DFL, so signal.getsignal still says so; a handler
+ * the snippet sets replaces it, as it would replace the default. */
+static void on_fatal_signal(int sig) {
+    if (getpid() == FIRST_PID) {
+        write_notice(-sig);
+        _exit(128 + sig);
+    }
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+}
+
+/* stand_in_for_defaults(): in a PID namespace's init (FIRST_PID) only, on_fatal_signal
+ * for every signal whose default action ends the process and whose disposition is the
+ * default now. Stop signals keep theirs (an init cannot be stopped from inside either).
+ * Returns how many it set. */
+static PyObject *stand_in_for_defaults(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    long set = 0;
+    if (getpid() != FIRST_PID)
+        return PyLong_FromLong(0);
+    for (int sig = 1; sig < NSIG; sig++) {
+        switch (sig) {
+        case SIGKILL: case SIGSTOP: case SIGCHLD: case SIGCONT: case SIGURG: case SIGWINCH:
+        case SIGTSTP: case SIGTTIN: case SIGTTOU:
+            continue;
+        default:
+            break;
+        }
+        struct sigaction now;
+        if (sigaction(sig, NULL, &now) < 0 || (now.sa_flags & SA_SIGINFO) ||
+            now.sa_handler != SIG_DFL)
+            continue;
+        struct sigaction standin;
+        memset(&standin, 0, sizeof standin);
+        standin.sa_handler = on_fatal_signal;
+        sigfillset(&standin.sa_mask);
+        standin.sa_flags = SA_NODEFER;
+        if (sigaction(sig, &standin, NULL) == 0)
+            set++;
+    }
+    return PyLong_FromLong(set);
 }
 
 /* run_main(code, globals): evaluate ``code`` as the bottom of the Python stack, as a
@@ -737,8 +798,29 @@ static PyObject *run_main(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* call_bare(callable): call it with no Python frame below it, as the interpreter's own
+ * exit calls atexit's functions and threading's shutdown: what reports an error there
+ * ("Exception ignored in atexit callback") shows no frame of the harness's. */
+static PyObject *call_bare(PyObject *self, PyObject *callable) {
+    (void)self;
+#if HIDES_FRAMES
+    PyThreadState *ts = PyThreadState_Get();
+    _PyCFrame *cframe = ts->cframe;
+    struct _PyInterpreterFrame *below = cframe->current_frame;
+    cframe->current_frame = NULL;
+    PyObject *result = PyObject_CallNoArgs(callable);
+    cframe->current_frame = below;
+    return result;
+#else
+    return PyObject_CallNoArgs(callable);
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"run_main", run_main, METH_VARARGS, "Evaluate code with no harness frame below it."},
+    {"call_bare", call_bare, METH_O, "Call with no harness frame below it."},
+    {"stand_in_for_defaults", stand_in_for_defaults, METH_NOARGS,
+     "In a PID namespace's init: a handler that does what the default action would."},
     {"say_done", say_done, METH_O, "Tell the supervisor the snippet ended with this code."},
     {"serve", (PyCFunction)(void (*)(void))serve, METH_VARARGS | METH_KEYWORDS,
      "Run the zygote's clone loop; returns None here, a request in each child."},

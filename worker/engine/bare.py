@@ -58,9 +58,13 @@ def main() -> NoReturn:
     carrier = int(sys.argv[1])
     arguments = marshal.loads(os.pread(carrier, 1 << 24, 0))
     os.close(carrier)
-    runtime.prepare(runtime.Fresh.create())
+    fresh = runtime.Fresh.create()
     gc.collect()
     gc.freeze()  # as in any zygote: the collector leaves the shared pages alone
+    # __main__ after the freeze: the collector must see its namespace, or the cycles
+    # through it (a function, a class) never die and their finalizers never run.
+    fresh.main = runtime.fresh_main()
+    runtime.prepare(fresh)
     arguments["vm_baseline"] = vm_size_bytes()  # this image's, not the one before exec
     runtime.done_notice = _nativechild.say_done
     runtime.reference_signals()  # the children's; serve() ignores SIGINT here

@@ -24,13 +24,26 @@ import types
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from codepool.common.autoprint import FILENAME, compile_snippet
-from codepool.worker.engine import contract
+from codepool.worker.engine import contract, finalization
 
 _evaluate: Callable[[types.CodeType, dict[str, Any]], Any] | None
+_call_bare: Callable[[Callable[[], object]], object]
+_stand_in_for_defaults: Callable[[], int]
 try:
+    from codepool.worker.engine._nativechild import call_bare as _call_bare
     from codepool.worker.engine._nativechild import run_main as _evaluate
-except ImportError:  # no compiler at install time: the harness's frames show below
-    _evaluate = None
+    from codepool.worker.engine._nativechild import (
+        stand_in_for_defaults as _stand_in_for_defaults,
+    )
+except ImportError:  # no compiler at install time: the harness's frames show below,
+    _evaluate = None  # and the signals an init is spared stay spared (README)
+
+    def _call_bare(function: Callable[[], object]) -> object:
+        return function()
+
+    def _stand_in_for_defaults() -> int:
+        return 0
+
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,6 +53,9 @@ if TYPE_CHECKING:
 # or _nativechild.say_done where the C module was built. A snippet can write a notice
 # itself: that ends it there, as its own os._exit would.
 done_notice: Callable[[int], object] | None = None
+# The Fresh that prepare installed: its ``__main__`` is let go at the end, so that the
+# snippet's namespace dies as the reference's does (finalization.py).
+installed: Fresh | None = None
 
 
 class Fresh:
@@ -117,31 +133,13 @@ def remember_source(filename: str, source: str | bytes) -> None:
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
 
 
-def _exit_code(exc: SystemExit) -> int:
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # the snippet may have closed or replaced its streams
-            pass
-
-
 def finish_threads_and_atexit() -> None:
     """What Python's own exit does after the main module: wait for the threads (those
     of ``threading``, only where it was imported, as Python does), then atexit."""
     threading = sys.modules.get("threading")
     if threading is not None and _threads_to_finish(threading):
-        threading._shutdown()
-    atexit._run_exitfuncs()
+        _call_bare(threading._shutdown)
+    _call_bare(atexit._run_exitfuncs)
 
 
 def _threads_to_finish(threading: types.ModuleType) -> bool:
@@ -182,6 +180,8 @@ def reference_signals() -> None:
 
 def prepare(fresh: Fresh) -> None:
     """Make this process look like a fresh ``python -c`` (before the source is known)."""
+    global installed
+    installed = fresh
     sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc]
     sys.stdout = sys.__stdout__ = fresh.stdout  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = fresh.stderr  # type: ignore[misc]
@@ -220,10 +220,11 @@ def warm_up() -> None:
 
 
 def finish(code: int) -> NoReturn:
-    """Flush what the snippet printed, tell the supervisor, and exit with ``code``;
-    a negative code ends the process by that signal, as Python does after an unhandled
+    """End the interpreter as Python's own exit does (finalization.py), tell the
+    supervisor, and exit with ``code`` (120 when flushing stdout or stderr failed); a
+    negative code ends the process by that signal, as Python does after an unhandled
     KeyboardInterrupt."""
-    _flush()
+    code = finalization.finalize(code, installed)
     if done_notice is not None:
         done_notice(code)
     if code < 0:
@@ -268,7 +269,17 @@ def run_snippet(source: bytes, *, auto_print: bool, rich: bool = False) -> NoRet
     sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", os.fsdecode(source)]
     if rich:
         remember_source(FILENAME, source)
-    code = run_main(source, sys.modules["__main__"].__dict__, auto_print=auto_print, rich=rich)
+    try:
+        source.decode("utf-8")
+    except UnicodeDecodeError:
+        # What ``python -c`` says of a command that is no UTF-8 (a lone surrogate the
+        # client passed through): its argv, decoded with surrogateescape, re-encoded.
+        code = _undecodable(source)
+    else:
+        # The snippet is its PID namespace's init (with namespaces): signals with the
+        # default action end it as they end any process (_nativechild.c).
+        _stand_in_for_defaults()
+        code = run_main(source, sys.modules["__main__"].__dict__, auto_print=auto_print, rich=rich)
     exit_as_python(code)
 
 
@@ -284,12 +295,30 @@ def exit_as_python(code: int) -> NoReturn:
     finish(code)
 
 
+def _undecodable(source: bytes) -> int:
+    try:
+        source.decode("utf-8", "surrogateescape").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        finalization.write_stderr(
+            "Unable to decode the command from the command line:\n"
+            + "".join(__import__("traceback").format_exception_only(type(exc), exc))
+        )
+    return 1
+
+
 def run_main(source: bytes, namespace: dict[str, Any], *, auto_print: bool, rich: bool) -> int:
     """Run ``source`` in ``namespace``: its exit code (minus SIGINT after an unhandled
     KeyboardInterrupt), its unhandled error printed."""
     try:
         try:
-            body, tail = compile_snippet(source, auto_print=auto_print)
+            # As text, as ``python -c`` compiles its command: a coding cookie is ignored
+            # and a BOM is a character.
+            text: str | bytes = source
+            try:
+                text = source.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+            body, tail = compile_snippet(text, auto_print=auto_print)
         except (SyntaxError, ValueError) as exc:
             if isinstance(exc, ValueError):  # NUL bytes on some Python versions
                 exc = SyntaxError(str(exc))
@@ -300,10 +329,13 @@ def run_main(source: bytes, namespace: dict[str, Any], *, auto_print: bool, rich
             if value is not None:
                 print(repr(value))
     except SystemExit as exc:
-        return _exit_code(exc)
+        return finalization.exit_status(exc.code)
     except BaseException as exc:
-        print_exception(exc, rich=rich)
-        return -_signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+        status = print_exception(exc, rich=rich)
+        if status is not None:
+            return status
+        # Python's exit by SIGINT is for KeyboardInterrupt itself, not its subclasses.
+        return -_signal.SIGINT if type(exc) is KeyboardInterrupt else 1
     return 0
 
 
@@ -315,25 +347,46 @@ def evaluate(code: types.CodeType, namespace: dict[str, Any]) -> Any:
     return eval(code, namespace)
 
 
-def print_exception(exc: BaseException, *, rich: bool) -> None:
+def _exit_code(exc: SystemExit) -> int:
+    """The status ``exc`` ends the process with (finalization.exit_status)."""
+    return finalization.exit_status(exc.code)
+
+
+_MISSING = object()
+
+
+def print_exception(exc: BaseException, *, rich: bool) -> int | None:
     """As Python prints an unhandled error: through ``sys.excepthook``, from the
     snippet's first frame. ``rich``: with source lines and markers, unless the snippet
-    set a hook of its own."""
+    set a hook of its own. Returns the exit status when the hook raised SystemExit (it
+    ends the process there, as Python's does), else None."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
         tb = tb.tb_next
     exc.__traceback__ = tb  # what the interpreter's display shows, whatever it is passed
-    hook = sys.excepthook
-    if rich and hook is sys.__excepthook__:
-        sys.stderr.write(_with_suggestion(format_exception(exc, FILENAME.__eq__), exc, tb))
-        return
-    try:
-        hook(type(exc), exc, tb)
-    except BaseException as failed:  # worded as Python words it
-        sys.stderr.write("Error in sys.excepthook:\n")
-        sys.__excepthook__(type(failed), failed, failed.__traceback__)
-        sys.stderr.write("\nOriginal exception was:\n")
+    hook = getattr(sys, "excepthook", _MISSING)
+    if hook is _MISSING:
+        finalization.write_stderr("sys.excepthook is missing\n")
         sys.__excepthook__(type(exc), exc, tb)
+        return None
+    if rich and hook is sys.__excepthook__ and getattr(sys, "stderr", None) is not None:
+        sys.stderr.write(_with_suggestion(format_exception(exc, FILENAME.__eq__), exc, tb))
+        return None
+    try:
+        hook(type(exc), exc, tb)  # type: ignore[operator]
+    except BaseException as failed:  # worded as Python words it
+        if isinstance(failed, SystemExit):
+            return finalization.exit_status(failed.code)
+        # As Python calls the hook: from no frame of the harness's, handling nothing.
+        failed_tb = failed.__traceback__
+        failed.__traceback__ = failed_tb.tb_next if failed_tb is not None else None
+        if failed.__context__ is exc:
+            failed.__context__ = None
+        finalization.write_stderr("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(failed), failed, failed.__traceback__)
+        finalization.write_stderr("\nOriginal exception was:\n")
+        sys.__excepthook__(type(exc), exc, tb)
+    return None
 
 
 def _with_suggestion(text: str, exc: BaseException, tb: types.TracebackType | None) -> str:
