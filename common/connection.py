@@ -85,7 +85,12 @@ def connection_failures(conn: redis.Redis) -> int:
 
 
 def redis_client(
-    settings: Settings, *, block_s: float = 0.0, retries: int = 3, decode_responses: bool = False
+    settings: Settings,
+    *,
+    block_s: float = 0.0,
+    retries: int = 3,
+    decode_responses: bool = False,
+    watch_s: float | None = POLL_S,
 ) -> redis.Redis:
     """A client for ``settings.redis_url``; ``block_s`` is the longest blocking command
     this client will issue, added to its socket timeout; ``retries``: how often a
@@ -93,7 +98,10 @@ def redis_client(
     same with Sentinel: a failover is ridden out by the callers' own loops, as a Redis
     restart is. (A budget long enough to cover an election would hide the outage from
     the janitors, who trust lapsed leases only after a whole lease of answered round
-    trips: they would cancel a producer whose beats the outage held up.)"""
+    trips: they would cancel a producer whose beats the outage held up.) ``watch_s``:
+    how often a Sentinel client asks where the primary is (common/failover.py);
+    ``None``: only when told (``failover.recheck``), for the processes of a worker host,
+    which follow the host's own client."""
     url = settings.redis_url
     options: dict[str, Any] = {
         "socket_timeout": settings.socket_timeout_s + block_s,
@@ -108,14 +116,16 @@ def redis_client(
         ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries=retries
     )
     if is_sentinel_url(url):
-        return _sentinel_client(settings, options)
+        return _sentinel_client(settings, options, watch_s)
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact(url)}: {exc}") from None
 
 
-def _sentinel_client(settings: Settings, options: dict[str, Any]) -> redis.Redis:
+def _sentinel_client(
+    settings: Settings, options: dict[str, Any], watch_s: float | None
+) -> redis.Redis:
     address = parse_sentinel_url(settings.redis_url)
     # Finding the primary asks each sentinel in turn: all of them together within the
     # connect timeout, so a client with short timeouts (a stopping worker) stays quick.
@@ -137,5 +147,5 @@ def _sentinel_client(settings: Settings, options: dict[str, Any]) -> redis.Redis
         password=address.password,
         **options,
     )
-    manager.watch(cast(SentinelConnectionPool, client.connection_pool), address.service, POLL_S)
+    manager.watch(cast(SentinelConnectionPool, client.connection_pool), address.service, watch_s)
     return client

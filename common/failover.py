@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -75,12 +76,16 @@ class WatchedSentinel(Sentinel):
         with self._lock:
             self._callbacks.append(callback)
 
-    def watch(self, pool: SentinelConnectionPool, service_name: str, poll_s: float) -> None:
+    def watch(self, pool: SentinelConnectionPool, service_name: str, poll_s: float | None) -> None:
         """Ask the sentinels every ``poll_s`` on a daemon thread, while ``pool`` lives
-        and its client is not closed."""
+        and its client is not closed; ``None``: never on its own, only when told
+        (``recheck``: a worker host's processes follow the host's one watcher, so the
+        sentinels hear from a fleet once a second per host, not per process)."""
         self._pool = weakref.ref(pool)
         stop = self._stop
         pool_ref = self._pool
+        if poll_s is None:
+            return
 
         def loop() -> None:
             while not stop.wait(poll_s):
@@ -157,6 +162,44 @@ def sentinel_of(conn: redis.Redis) -> WatchedSentinel | None:
     """The manager of a Sentinel-managed client; None for a plain one."""
     manager = getattr(conn.connection_pool, "sentinel_manager", None)
     return manager if isinstance(manager, WatchedSentinel) else None
+
+
+def recheck(conn: redis.Redis) -> None:
+    """Ask the sentinels where the primary behind ``conn`` is now (its watcher's round,
+    done at once): if it moved, ``conn`` leaves the old one and its callbacks run.
+    Nothing without Sentinel; a sentinel that does not answer is the next round's."""
+    manager = sentinel_of(conn)
+    service = getattr(conn.connection_pool, "service_name", None)
+    if manager is None or service is None:
+        return
+    try:
+        manager.discover_master(str(service))
+    except redis.RedisError as exc:
+        log.debug("sentinels not answering for %r: %s", service, exc)
+
+
+def follow(conn: redis.Redis, moves: Callable[[], int], period_s: float) -> None:
+    """``recheck(conn)`` whenever ``moves()`` (a count another process's watcher keeps:
+    a worker host's, on its lease board) changes, looked at every ``period_s`` on a
+    daemon thread. Nothing without Sentinel."""
+    if sentinel_of(conn) is None:
+        return
+    conn_ref = weakref.ref(conn)
+
+    def loop() -> None:
+        seen = moves()
+        while True:
+            time.sleep(period_s)
+            now = moves()
+            if now == seen:
+                continue
+            seen = now
+            followed = conn_ref()
+            if followed is None:
+                return
+            recheck(followed)
+
+    threading.Thread(target=loop, name="codepool-sentinel-follow", daemon=True).start()
 
 
 def generation(conn: redis.Redis) -> int:

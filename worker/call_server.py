@@ -59,8 +59,10 @@ class CallServer:
         self.executor = executor
         self.host = host
         self.inflight_key = self.keys.host_calls(host)
-        self._taker_conn = redis_client(settings, block_s=BLOCK_S)
-        self.conn = redis_client(settings)
+        # Its host's watcher follows a Sentinel's primary for them (worker/host.py).
+        self._taker_conn = redis_client(settings, block_s=BLOCK_S, watch_s=None)
+        self.conn = redis_client(settings, watch_s=None)
+        self.clients = (self._taker_conn, self.conn)
         # A call more than the slots waits at the supervisor, so a freed slot starts
         # the next call at once instead of after a round trip to Redis.
         self._room = threading.Semaphore(max(1, slots) + PREFETCH)

@@ -55,7 +55,9 @@ class ContextServer:
         self, settings: Settings, executor: LocalExecutor, *, host: str, ttl_s: float
     ) -> None:
         self.ttl_s = ttl_s  # the executor's idle TTL, told to whoever opens a context
-        self.conn = redis_client(settings, block_s=BLOCK_S)
+        # Its host's watcher follows a Sentinel's primary for it (worker/host.py).
+        self.conn = redis_client(settings, block_s=BLOCK_S, watch_s=None)
+        self.clients = (self.conn,)
         self.keys = settings.keys
         self.executor = executor
         self.host = host

@@ -26,6 +26,7 @@ from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.worker import WorkerStatus
 
+from codepool.common import failover
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.connection import redis_client
 from codepool.common.errors import CodepoolError
@@ -56,6 +57,7 @@ KEEPALIVE_S = WORKER_TTL_S // 2
 # At most this long after a job's first snippets start, its dispatcher passes the listen
 # turn on and lets RQ ready the job, even if no result is written yet (before_job).
 QUIET_START_S = 0.005
+FOLLOW_S = 0.1  # how often the host's count of a Sentinel primary's moves is looked at
 # In the worker host's private dir: the dispatchers' shared counts and listen turn.
 WINDOW_FILE = "window"
 TURN_FILE = "listen-turn"
@@ -290,7 +292,9 @@ def main(argv: list[str]) -> int:
         format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
     )
     settings = Settings(**config.settings)
-    conn = redis_client(settings, block_s=DEQUEUE_TIMEOUT_S)
+    # A Sentinel's primary is watched by the host, once for all its processes: this
+    # one follows it on the lease board (below).
+    conn = redis_client(settings, block_s=DEQUEUE_TIMEOUT_S, watch_s=None)
     executor = AttachedExecutor(config.socket_path, name=config.host)
     finished = FinishedBatches(
         conn, settings.keys, owner=config.name, flush_s=settings.stats_flush_s
@@ -317,6 +321,7 @@ def main(argv: list[str]) -> int:
     # The host holds the lease; a fenced dispatcher is stopped by it as on SIGTERM
     # (in-flight snippets end, nothing more is written) and started afresh.
     board = LeaseBoard(os.path.join(config.host_dir, LEASE_FILE), config.dispatchers)
+    failover.follow(conn, board.primary_moves, FOLLOW_S)
     lease = DispatcherLease(conn, settings, owner=config.name, board=board, slot=config.slot)
     writer = ResultWriter.from_settings(conn, settings, lease, worker=config.host)
     worker.runner = BatchRunner(

@@ -36,6 +36,7 @@ from types import FrameType
 import redis
 from redis.sentinel import MasterNotFoundError
 
+from codepool.common import failover
 from codepool.common.connection import redis_client
 from codepool.common.host_cpus import default_slots
 from codepool.common.limits import Limits
@@ -155,6 +156,9 @@ class WorkerHost:
                 self.settings.queue,
             )
             host_window.create(self._window_path, self.dispatcher_count)
+            # One watcher of a Sentinel's primary per host (its lease's client): the
+            # host's other clients and its dispatchers follow it.
+            failover.on_new_primary(self.conn, self._primary_moved)
             self.lease.start()
             self.calls = CallServer(
                 self.settings, self.executor, host=self.name, slots=self.options.concurrency
@@ -326,6 +330,14 @@ class WorkerHost:
                 time.sleep(POLL_S)
             del self.dispatchers[slot]
             self.lease.remove(slot, self._owners[slot], died=process.returncode != 0)
+
+    def _primary_moved(self) -> None:
+        # From the watcher's thread: the dispatchers see the board, the servers' clients
+        # are told here; each leaves the old primary and runs its own callbacks.
+        self.board.primary_moved()
+        servers = [self.calls, self.contexts]
+        for client in [c for server in servers if server is not None for c in server.clients]:
+            failover.recheck(client)
 
     def _lease_lost(self, slot: int) -> None:
         # From the lease's thread: the dispatcher stops as on SIGTERM (what it runs ends,

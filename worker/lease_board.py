@@ -14,9 +14,12 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 import time
 
-HEADER = struct.Struct("<qi4x")  # last answered beat (monotonic ns), live hosts
+# The last answered beat (monotonic ns), live hosts, moves of a Sentinel's primary the
+# host's watcher saw (its processes follow it: common/failover.follow).
+HEADER = struct.Struct("<qii")
 CELL = struct.Struct("<i")  # the slot's lease state
 
 EMPTY = 0  # no dispatcher in the slot
@@ -40,6 +43,7 @@ class LeaseBoard:
         finally:
             os.close(fd)
         self.dispatchers = dispatchers
+        self._writing = threading.Lock()  # the host's lease and watcher threads write
 
     def answered(self, live: int | None, *, sent_ns: int | None = None) -> None:
         """A beat was answered (and a janitor's round counted ``live`` hosts): the
@@ -48,7 +52,9 @@ class LeaseBoard:
         renewed the lease at the server before it arrived here."""
         if live is None:
             live = self.live()
-        HEADER.pack_into(self._map, 0, time.monotonic_ns() if sent_ns is None else sent_ns, live)
+        at_ns = time.monotonic_ns() if sent_ns is None else sent_ns
+        with self._writing:
+            HEADER.pack_into(self._map, 0, at_ns, live, self.primary_moves())
 
     def age_s(self) -> float:
         """Seconds since the last answered beat."""
@@ -57,6 +63,15 @@ class LeaseBoard:
 
     def live(self) -> int:
         return max(1, int(HEADER.unpack_from(self._map, 0)[1]))
+
+    def primary_moved(self) -> None:
+        """The host's Sentinel watcher saw the primary move."""
+        with self._writing:
+            last_ns, live, moves = HEADER.unpack_from(self._map, 0)
+            HEADER.pack_into(self._map, 0, last_ns, live, moves + 1)
+
+    def primary_moves(self) -> int:
+        return int(HEADER.unpack_from(self._map, 0)[2])
 
     def set(self, slot: int, state: int) -> None:
         CELL.pack_into(self._map, HEADER.size + CELL.size * slot, state)

@@ -22,6 +22,7 @@ LONE_CALL_S = 3.0  # the issue's target for a fresh lone call after a failover
 # A worker with nothing to do stops in well under a second on a plain URL; the drain
 # deadline (10 s) is what the Sentinel one took.
 IDLE_STOP_S = 5.0
+IDLE_WINDOW_S = 5.0
 BLOCKING = ("blmove", "blpop", "blmpop", "brpoplpush")
 # A host waits on the queue (RQ's BLMOVE) and on its context requests (BLPOP).
 HOSTS_READS = {"blmove", "blpop"}
@@ -83,3 +84,37 @@ def test_a_worker_on_a_sentinel_url_stops_at_once(
     took_s = time.monotonic() - asked
     print(f"stopped in {took_s:.2f} s", file=sys.stderr)
     assert took_s < IDLE_STOP_S, worker.log()[-3000:]
+
+
+def _sentinel_rate(cluster: Sentinels) -> float:
+    """Commands a second the cluster's sentinels serve, over IDLE_WINDOW_S (Sentinel
+    keeps no per-command counts; the sentinels' own traffic is in it too)."""
+
+    def served() -> int:
+        total = 0
+        for number in range(3):
+            client = cluster.sentinel(number)
+            try:
+                total += int(client.info("stats")["total_commands_processed"])
+            finally:
+                client.close()
+        return total
+
+    before, started = served(), time.monotonic()
+    time.sleep(IDLE_WINDOW_S)  # a measuring window, not a wait for something
+    return (served() - before) / (time.monotonic() - started)
+
+
+def test_an_idle_host_asks_the_sentinels_once_a_second(
+    sentinels: Sentinels, start_worker: StartWorker
+) -> None:
+    """One watcher per host, whatever its dispatchers (before: one per Redis client of
+    each of its processes: -k 4 made eight requests a second)."""
+    baseline = _sentinel_rate(sentinels)
+    worker = start_worker("-k", "4", url=sentinels.url, wait=False)
+    wait_for_dispatchers(f"redis://127.0.0.1:{sentinels.primary_port()}/0", worker.name, worker)
+    added = _sentinel_rate(sentinels) - baseline
+    print(f"{added:.1f} sentinel requests a second from an idle host", file=sys.stderr)
+    # The host's one watcher asks once a second; the margin is the sentinels' own
+    # traffic, which varies a little between the two windows.
+    assert added < 3.0, added
