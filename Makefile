@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench lint
+.PHONY: demo test bench lint e2b-test
 
 $(BIN)/codepool: pyproject.toml setup.py worker/engine/_nativechild.c
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ demo: $(BIN)/codepool
 TEST_WORKERS ?= 3
 test: $(BIN)/codepool
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# E2B's own SDK tests against codepool serve (docs/e2b.md): minutes, so not in `make test`.
+# E2B_REPO: a checkout of e2b-dev/code-interpreter (cloned into build/ when missing).
+E2B_REPO ?= build/e2b-code-interpreter
+e2b-test: $(BIN)/codepool
+	$(BIN)/pip install -q -e '.[test,embedded,e2b]'
+	$(BIN)/python -m tests.e2b_suite $(E2B_REPO)
 
 bench: $(BIN)/codepool
 	$(BIN)/python ops/bench/executor.py

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import importlib
 import io
 import json
 import os
@@ -215,6 +216,27 @@ def _make_shell() -> Any:
                 for name, vs in columns.items()
             }
 
+    class ChartFormatter(BaseFormatter):
+        """A matplotlib figure's chart, as ``e2b/chart``, where E2B's own ``e2b_charts``
+        (which reads the chart out of the figure) is installed."""
+
+        format_type = Unicode("e2b/chart")
+        print_method = ObjectName("_repr_e2b_chart_")
+        _return_type = (dict, str)
+
+        def __call__(self, obj: Any) -> Any:
+            figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+            if figure is None or not isinstance(obj, figure):
+                return super().__call__(obj)
+            try:
+                charts = importlib.import_module("e2b_charts")
+            except ImportError:
+                return None
+            try:
+                return charts.chart_figure_to_dict(obj)
+            except Exception:  # a figure it cannot read is still a PNG
+                return {}
+
     config = Config()
     config.HistoryManager.enabled = False
     config.InteractiveShell.colors = "nocolor"
@@ -229,6 +251,7 @@ def _make_shell() -> Any:
     )
     formatters = shell.display_formatter.formatters
     formatters["e2b/data"] = DataFormatter(parent=shell.display_formatter)
+    formatters["e2b/chart"] = ChartFormatter(parent=shell.display_formatter)
     shell._codepool_hook = Hook
     shell.system = shell.system_raw  # IPython's own wants a pty; a sandbox has none
     _inline_figures(shell)

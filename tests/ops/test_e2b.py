@@ -170,3 +170,20 @@ def test_the_api_key_is_required(serve: Serve) -> None:
     assert gone.status_code == 502
     refused = requests.post(f"{serve.url}/e2b/v2/sandboxes", json={"timeout": "x"}, timeout=10)
     assert refused.status_code == 401 and set(refused.json()) == {"code", "message"}
+
+
+def test_display_data_beside_the_main_result(sandbox: object) -> None:
+    code = (
+        "from IPython.display import HTML, display\n"
+        "class Picture:\n"
+        "    def _repr_png_(self):\n"
+        "        return b'\\x89PNG fake'\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "display({'text/latex': r'\\text{raw}'}, raw=True)\n"
+        "Picture()"
+    )
+    execution = sandbox.run_code(code)  # type: ignore[attr-defined]
+    html, latex, main = execution.results
+    assert (html.html, html.is_main_result) == ("<b>bold</b>", False)
+    assert latex.formats() == ["latex"]
+    assert main.is_main_result and main.png  # base64, as IPython formats PNG bytes
