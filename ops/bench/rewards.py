@@ -8,7 +8,9 @@ x M test cases, as a code-RL reward step checks them.
 each through ``RemoteSandbox`` (Redis) and through ``codepool serve`` (HTTP:
 SandboxFusion's ``/run_code`` against ``/run_tests``), for HumanEval-style assert
 tests and APPS-style stdin/stdout tests. The verdicts of both sides must be identical;
-the target is run_tests >= 5x faster.
+the target is run_tests >= 5x faster. Besides wall time it prints the CPU each side
+costs per case (this process and its descendants: with the embedded pool, the client,
+Redis, the worker, serve and the snippets), which a busy machine distorts less.
 
     python -m codepool.ops.bench.rewards [--candidates 64] [--tests 20] [-c 2] [--url URL]
 
@@ -37,6 +39,7 @@ import requests
 
 from codepool.common.case_formats import call_cases
 from codepool.common.reward_tests import Case, judge, program
+from codepool.ops.bench.process_tree import descendants
 from codepool.ops.embedded import url_or_embedded
 from codepool.ops.serve_command import LISTENING
 from codepool.producer import RemoteSandbox
@@ -257,10 +260,25 @@ def serve_forked(url: str, work: Work) -> list[list[str]]:
 # -- the run ------------------------------------------------------------------------------
 
 
-def timed(run: Callable[[], list[list[str]]]) -> tuple[float, list[list[str]]]:
-    started = time.perf_counter()
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and its descendants (with an embedded
+    pool: the client, Redis, the worker, serve and every snippet they reaped)."""
+    total = 0
+    for pid in [os.getpid(), *descendants(os.getpid())]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def timed(run: Callable[[], list[list[str]]]) -> tuple[float, float, list[list[str]]]:
+    """Wall seconds, CPU seconds (tree_cpu_s) and the verdicts of ``run``."""
+    cpu_s, started = tree_cpu_s(), time.perf_counter()
     verdicts = run()
-    return time.perf_counter() - started, verdicts
+    return time.perf_counter() - started, tree_cpu_s() - cpu_s, verdicts
 
 
 def start_serve(url: str) -> tuple[subprocess.Popen[str], str]:
@@ -282,17 +300,23 @@ def start_serve(url: str) -> tuple[subprocess.Popen[str], str]:
 Way = Callable[[Work], list[list[str]]]
 
 
-def measure(baseline: Way, forked: Way, work: Work, rounds: int) -> tuple[float, float, bool]:
-    """Median seconds of each (alternated, so both see the same machine) and whether
-    every round's verdicts were the same."""
-    base_s, fork_s, same = [], [], True
+Row = tuple[float, float, float, float, float]
+
+
+def measure(baseline: Way, forked: Way, work: Work, rounds: int) -> Row:
+    """Median wall and CPU seconds of each (alternated, so both see the same machine),
+    and whether every round's verdicts were the same (1.0) or not (0.0)."""
+    base_s, fork_s, base_cpu, fork_cpu, same = [], [], [], [], True
     for _ in range(rounds):
-        took, base_verdicts = timed(lambda: baseline(work))
+        took, cpu_s, base_verdicts = timed(lambda: baseline(work))
         base_s.append(took)
-        took, fork_verdicts = timed(lambda: forked(work))
+        base_cpu.append(cpu_s)
+        took, cpu_s, fork_verdicts = timed(lambda: forked(work))
         fork_s.append(took)
+        fork_cpu.append(cpu_s)
         same = same and base_verdicts == fork_verdicts
-    return statistics.median(base_s), statistics.median(fork_s), same
+    median = statistics.median
+    return median(base_s), median(fork_s), median(base_cpu), median(fork_cpu), float(same)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -303,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-c", "--concurrency", type=int, default=2, help="embedded slots")
     parser.add_argument("--url", default=None, help="a pool's Redis (default: embedded)")
     args = parser.parse_args(argv)
-    rows = []
+    rows: list[tuple[str, str, Row]] = []
     with ExitStack() as stack:
         url = url_or_embedded(stack, args.url, args.concurrency)
         sandbox = stack.enter_context(RemoteSandbox(url, timeout=TIMEOUT_S))
@@ -329,19 +353,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         for name, work in workloads.items():
             for path, baseline, forked in ways:
-                base_s, fork_s, same = measure(baseline, forked, work, args.rounds)
-                rows.append((name, path, base_s, fork_s, same))
+                rows.append((name, path, measure(baseline, forked, work, args.rounds)))
         load = os.getloadavg()[0]
     print(f"\nload average at the end {load:.2f}")
+    cases = args.candidates * args.tests
     print(
-        f"{'tests':<7} {'path':<14} {'per case s':>10} {'run_tests s':>11} {'speedup':>8}  verdicts"
+        f"{'tests':<7} {'path':<14} {'per case s':>10} {'run_tests s':>11} {'speedup':>8}"
+        f" {'CPU ms/case':>12} {'run_tests':>10} {'CPU ratio':>9}  verdicts"
     )
     met = True
-    for name, path, base_s, fork_s, same in rows:
+    for name, path, (base_s, fork_s, base_cpu, fork_cpu, same) in rows:
         ratio = base_s / fork_s
-        met = met and same and ratio >= TARGET
+        met = met and bool(same) and ratio >= TARGET
         verdicts = "same" if same else "DIFFER"
-        print(f"{name:<7} {path:<14} {base_s:>10.2f} {fork_s:>11.2f} {ratio:>7.1f}x  {verdicts}")
+        print(
+            f"{name:<7} {path:<14} {base_s:>10.2f} {fork_s:>11.2f} {ratio:>7.1f}x"
+            f" {base_cpu / cases * 1e3:>12.2f} {fork_cpu / cases * 1e3:>10.2f}"
+            f" {base_cpu / max(fork_cpu, 1e-9):>8.1f}x  {verdicts}"
+        )
     print(
         f"target: run_tests >= {TARGET:.0f}x with the same verdicts: {'met' if met else 'NOT met'}"
     )
