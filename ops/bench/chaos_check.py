@@ -252,15 +252,19 @@ def check_redis(
     results = sum(n for status, n in tally.items() if status != CANCELLED)
     report.figures["results in Redis"] = dict(tally)
     lone = [op for op in ops.values() if op.kind in ("lone", "http")]
+    # An ``infra`` a caller saw may be its producer's own (never counted), or a host's.
+    counted_statuses = tuple(status for status in (*STATUSES, CANCELLED) if status != "infra")
     channel: Counter[str] = Counter(
         str(op.outcomes[0]["status"])
         for op in lone
         if op.outcomes
-        and op.outcomes[0]["status"] in (*STATUSES, CANCELLED)
+        and op.outcomes[0]["status"] in counted_statuses
         and not (op.outcomes[0]["status"] == "ok" and op.expect in printed)
     )
     # Calls whose caller left (gave up, was killed) may have been counted either way.
-    slack = sum(not op.outcomes for op in lone) + unrecorded
+    slack = unrecorded + sum(
+        not op.outcomes or op.outcomes[0]["status"] not in counted_statuses for op in lone
+    )
     extra = counters.get("calls", 0) + counters.get(CANCELLED, 0) - sum(tally.values())
     seen = sum(channel.values())
     report.figures["lone calls counted on the channel"] = (

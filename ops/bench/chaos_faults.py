@@ -14,6 +14,9 @@ Kinds (each at least ``--minutes`` / 3 times, so every kind at least 10 times in
 - ``redis_restart``: Redis stopped (SIGTERM; AOF ``everysec``) and started again on its
   port and data.
 - ``redis_freeze``: SIGSTOP of Redis for 10 s, then SIGCONT.
+- ``redis_failover`` (``--sentinel``): ``SENTINEL FAILOVER``, and the wait for the new
+  primary. Under Sentinel the restart and the freeze act on the primary of the moment
+  (a freeze outlasts the sentinels' 3-s failure detection: a failover of its own).
 - ``producer_kill``: kill -9 of a producer process; another of its role takes its place.
 - ``client_disconnect``: an HTTP client of ``codepool serve`` sends a call that sleeps 3 s
   and closes its connection 0.5 s later (the load's HTTP clients also give up).
@@ -33,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from codepool.ops.bench.chaos_fleet import ChaosFleet, Host, signal_all
+from codepool.ops.bench.chaos_redis import SentinelRedis
 from codepool.ops.bench.process_tree import worker_role
 
 KINDS = (
@@ -47,6 +51,8 @@ KINDS = (
     "producer_kill",
     "client_disconnect",
 )
+# Under --sentinel only.
+SENTINEL_KINDS = ("redis_failover",)
 REDIS_FREEZE_S = 10.0
 
 
@@ -188,8 +194,9 @@ class Injector:
     def _redis_restart(self, fault: Fault) -> str:
         time.sleep(max(0.0, self._redis_thaws_at - time.monotonic()))
         started = time.monotonic()
-        self.fleet.redis_server.stop()
-        self.fleet.redis_server.start()
+        server = self.fleet.store.primary()
+        server.stop()
+        server.start()
         return f"down {time.monotonic() - started:.2f} s"
 
     def _redis_freeze(self, fault: Fault) -> str:
@@ -198,6 +205,12 @@ class Injector:
         self._redis_thaws_at = time.monotonic() + fault.hold_s + 0.1
         self._later(fault.hold_s, signal_all, [pid], signal.SIGCONT)
         return f"frozen for {fault.hold_s} s"
+
+    def _redis_failover(self, fault: Fault) -> str:
+        if not isinstance(self.fleet.store, SentinelRedis):
+            return "no Sentinel (--sentinel): nothing done"
+        time.sleep(max(0.0, self._redis_thaws_at - time.monotonic()))
+        return self.fleet.store.failover()
 
     # -- producers and clients -----------------------------------------------------
 

@@ -19,8 +19,8 @@ from codepool.common.errors import ConfigError
 from codepool.common.keys import Keys
 from codepool.ops.arguments import cli_command
 from codepool.ops.bench.chaos_check import process_start
+from codepool.ops.bench.chaos_redis import PlainRedis, SentinelRedis
 from codepool.ops.bench.process_tree import descendants
-from codepool.ops.redis_server import RedisServer
 from codepool.ops.serve_command import LISTENING
 
 READY_TIMEOUT_S = 90.0
@@ -72,34 +72,44 @@ class ChaosFleet:
     until: float
     rates: dict[str, float]
     sleepy: float = 0.1
-    redis_server: RedisServer = field(default_factory=lambda: RedisServer(appendonly=True))
+    store: PlainRedis | SentinelRedis = field(default_factory=PlainRedis)
     hosts: list[Host] = field(default_factory=list)
     producers: list[Producer] = field(default_factory=list)
     killed_producers: set[str] = field(default_factory=set)
     serve: subprocess.Popen[str] | None = None
     serve_url: str = ""
     tracked: dict[int, str] = field(default_factory=dict)
-    # Hosts that exited by themselves (name, exit status, when); each is started again,
-    # as systemd's Restart=always would.
-    exits: list[tuple[str, int, float]] = field(default_factory=list)
+    # Hosts that exited by themselves (name, exit status, when, its log's last error);
+    # each is started again, as systemd's Restart=always would.
+    exits: list[tuple[str, int, float, str]] = field(default_factory=list)
     # Held by whatever kills and restarts a host, so ``track`` never takes that for an exit.
     hosts_lock: threading.RLock = field(default_factory=threading.RLock)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
-        return self.redis_server.url
+        return self.store.url
 
     @property
     def redis_pid(self) -> int:
-        assert self.redis_server.process is not None
-        return self.redis_server.process.pid
+        """The pid of the primary now."""
+        process = self.store.primary().process
+        assert process is not None
+        return process.pid
+
+    def direct(self) -> redis.Redis:
+        """A plain client of the primary now (RedisError when there is none)."""
+        try:
+            url = self.store.direct_url()
+        except ConfigError as exc:
+            raise redis.ConnectionError(str(exc)) from exc
+        return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
 
     def start_base(self) -> None:
         """Redis, the hosts (until each has beaten) and serve."""
         (self.directory / "history").mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
-        self.redis_server.start()
+        self.store.start()
         self.hosts = [Host(i, f"h{i}") for i in range(self.hosts_n)]
         for host in self.hosts:
             self.start_host(host)
@@ -130,7 +140,7 @@ class ChaosFleet:
 
     def wait_hosts(self) -> None:
         """Until every host has beaten (its lease is in ``hosts``)."""
-        conn = redis.Redis.from_url(self.url)
+        conn = self.direct()
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
             while conn.zcard(Keys().hosts()) < self.hosts_n:
@@ -144,20 +154,20 @@ class ChaosFleet:
         """Until ``host`` has beaten since its last start (its executor is up by then);
         the seconds waited."""
         started = time.monotonic()
-        conn = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
-        try:
-            while time.monotonic() - started < timeout_s:
+        while time.monotonic() - started < timeout_s:
+            try:
+                conn = self.direct()
                 try:
                     # Its lease is per start (``name~token``), named by its start record.
                     lease = conn.get(Keys().host_start(host.name))
                     beat = conn.zscore(Keys().hosts(), lease) if lease else None
-                except redis.RedisError:
-                    beat = None
-                if beat is not None and beat > host.started_at:
-                    break
-                time.sleep(0.2)
-        finally:
-            conn.close()
+                finally:
+                    conn.close()
+            except redis.RedisError:
+                beat = None
+            if beat is not None and beat > host.started_at:
+                break
+            time.sleep(0.2)
         return time.monotonic() - started
 
     def track(self) -> None:
@@ -166,9 +176,20 @@ class ChaosFleet:
         with self.hosts_lock:
             for host in self.hosts:
                 if host.process is not None and host.process.poll() is not None:
-                    self.exits.append((host.name, host.process.returncode, time.time()))
+                    said = self.last_error(host.name)
+                    self.exits.append((host.name, host.process.returncode, time.time(), said))
                     self.start_host(host)
         self.remember()
+
+    def last_error(self, name: str) -> str:
+        """The last line of host ``name``'s log that says ERROR or Error."""
+        try:
+            with open(self.directory / "logs" / f"{name}.log", "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+                lines = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return next((line for line in reversed(lines) if "ERROR" in line or "Error" in line), "")
 
     def remember(self) -> None:
         """Remember every process now in the hosts' trees."""
@@ -279,7 +300,7 @@ class ChaosFleet:
 
     def close(self) -> None:
         self.stop()
-        self.redis_server.close()
+        self.store.close()
 
 
 def _wait(process: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
