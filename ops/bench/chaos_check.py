@@ -396,6 +396,7 @@ def _shape(name: str) -> str:
     fixed = {"codepool", "rq", "batch", "host", "owner", "stats", "worker", "run", "minute"}
     fixed |= {"results", "done", "state", "retry", "owners", "requests", "batches", "job"}
     fixed |= {"ctx", "reply", "cancel", "wip", "queue", "workers", "producer"}
+    fixed |= {"inbox", "calls", "start"}
     return ":".join(p if p in fixed else "*" for p in parts)
 
 

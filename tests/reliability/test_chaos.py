@@ -15,11 +15,12 @@ SEED = 30
 # The fault kinds the short form draws from. Each of the others has a finding open on
 # today's code (docs/chaos.md, "Findings"); its owner adds it here with the fix.
 KINDS = ("host_kill", "dispatcher_kill", "zygote_kill", "producer_kill", "client_disconnect")
-# Violations of a finding open on today's code, let through here until its fix lands
-# (docs/chaos.md, "Findings"): a worker host's call server pushes a lone call's reply at
+# Violations of findings open on today's code (docs/chaos.md, "Findings"), let through
+# here until their fixes land: a worker host's call server pushes a lone call's reply at
 # once but flushes its counts once a second, so a host killed -9 loses the counts of
-# results its callers got.
-OPEN_FINDINGS = ("lone counters: ",)
+# results its callers got (finding 5); an inbox read empty loses its TTL and the next
+# reply makes one without it for up to a minute (finding 3).
+OPEN_FINDINGS = ("lone counters: ", "like codepool:inbox:* ")
 
 
 @pytest.mark.timeout(360)
@@ -45,7 +46,7 @@ def test_a_short_chaos_run_keeps_every_call_exactly_once(tmp_path: Path) -> None
         ]
     )
     report = chaos.run(args)
-    violations = [v for v in report.violations if not v.startswith(OPEN_FINDINGS)]
+    violations = [v for v in report.violations if not any(f in v for f in OPEN_FINDINGS)]
     assert violations == [], f"see {tmp_path}"
     faults = Counter(report.figures["faults"])
     assert set(faults) == set(KINDS) and min(faults.values()) >= 2, faults
