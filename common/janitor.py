@@ -41,6 +41,13 @@ LOST_MESSAGE = "codepool: the worker running this snippet was lost {runs} times;
 CLOCK_SLACK_S = 0.5
 
 
+def start_of(lease: str) -> str:
+    """The start a worker host's lease belongs to: ``host~{token}`` for ``host~{token}``
+    and ``host~{token}.N``; '' for a dispatcher's name (it has no ``~``)."""
+    host, sep, tail = lease.rpartition("~")
+    return f"{host}~{tail.split('.')[0]}" if sep else ""
+
+
 class Janitor:
     """Recovers lapsed dispatchers. ``name`` says who did it, in logs and results."""
 
@@ -160,8 +167,10 @@ class Janitor:
             self._fence(owner, 0)
             released += self._release_all(owner, live)
         released += self._release_all(name, live)
-        # Its lone calls (common/lone_calls.py) are listed under the host's own name.
-        requeue_host_calls(self.conn, keys, name.split("~")[0], janitor=self.name)
+        # Its lone calls (common/lone_calls.py) are listed under its start's lease.
+        start = start_of(name)
+        if start:
+            requeue_host_calls(self.conn, keys, start, janitor=self.name)
         if owners:
             log.warning(
                 "janitor %s: worker host %s lapsed; released %d snippets of its %d dispatchers",

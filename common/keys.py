@@ -76,10 +76,11 @@ class Keys:
         ``common/lone_calls.py`` records, oldest first); every host's call server pops it."""
         return f"{self.prefix}calls"
 
-    def host_calls(self, host: str) -> str:
-        """List: the lone calls a worker host took and has not answered yet; a janitor
-        puts them back on ``calls`` when the host lapses."""
-        return f"{self.prefix}host:{host}:calls"
+    def host_calls(self, start: str) -> str:
+        """List: the lone calls a worker host's start (``host~{token}``) took and has
+        not answered yet; a janitor puts them back on ``calls`` when it fences any lease
+        of that start."""
+        return f"{self.prefix}host:{start}:calls"
 
     def inbox(self, producer: str) -> str:
         """List: replies to one producer's lone calls (msgpack ``[call id, result]``),

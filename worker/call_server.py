@@ -49,16 +49,25 @@ _FLUSH = object()  # counts go out with the next write, not after FLUSH_S
 
 
 class CallServer:
-    """Runs lone calls for host ``host`` on ``executor``, at most ``slots`` at a time."""
+    """Runs lone calls for host ``host`` on ``executor``, at most ``slots`` at a time;
+    ``start``: the host's start (``host~{token}``, worker/lease.py), what its calls in
+    flight are listed under, so a start of the same name never takes them for its own
+    (default ``host``)."""
 
     def __init__(
-        self, settings: Settings, executor: LocalExecutor, *, host: str, slots: int
+        self,
+        settings: Settings,
+        executor: LocalExecutor,
+        *,
+        host: str,
+        slots: int,
+        start: str = "",
     ) -> None:
         self.settings = settings
         self.keys = settings.keys
         self.executor = executor
         self.host = host
-        self.inflight_key = self.keys.host_calls(host)
+        self.inflight_key = self.keys.host_calls(start or host)
         # Its host's watcher follows a Sentinel's primary for them (worker/host.py).
         self._taker_conn = redis_client(settings, block_s=BLOCK_S, watch_s=None)
         self.conn = redis_client(settings, watch_s=None)

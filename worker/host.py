@@ -161,7 +161,11 @@ class WorkerHost:
             failover.on_new_primary(self.conn, self._primary_moved)
             self.lease.start()
             self.calls = CallServer(
-                self.settings, self.executor, host=self.name, slots=self.options.concurrency
+                self.settings,
+                self.executor,
+                host=self.name,
+                slots=self.options.concurrency,
+                start=self.lease.start_id,
             )
             self.calls.start()
             if self.executor.mode == "fork":  # contexts need fork mode

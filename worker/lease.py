@@ -105,6 +105,12 @@ class HostLease:
         self._failing = False
         self._thread = threading.Thread(target=self._loop, name="codepool-lease", daemon=True)
 
+    @property
+    def start_id(self) -> str:
+        """This start's identity, ``host~{token}``: what it lists its lone calls in
+        flight under (a janitor puts them back when it fences any of its leases)."""
+        return f"{self.host}~{self.start_token}"
+
     def start(self) -> None:
         self._thread.start()
 

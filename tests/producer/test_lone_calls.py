@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 
+from codepool.common.janitor import start_of
 from codepool.common.keys import Keys
 from codepool.producer import RemoteSandbox
 from tests.conftest import (
@@ -90,17 +91,24 @@ def test_a_lone_call_whose_host_is_killed_runs_again_elsewhere_once(
         assert sandbox.run_code("pass").worker == "doomed"
         future = sandbox.submit("import time\ntime.sleep(1.5)\nprint('done')")
         wait_until(
-            lambda: client.llen(keys.host_calls("doomed")) == 1,
+            lambda: client.llen(_in_flight(client, "doomed")) == 1,
             what="the doomed host to take the call",
         )
         _kill_host(doomed)
         start_worker(concurrency=1, name="survivor")
         result = future.result(timeout=60)
         assert (result.stdout, result.worker) == ("done\n", "survivor")
-        assert client.llen(keys.host_calls("doomed")) == 0
+        assert client.llen(_in_flight(client, "doomed")) == 0
         assert client.llen(keys.calls()) == 0
         # One answer only: the reader has nothing more for anyone.
         assert sandbox.pool.calls.waiting() == 0
+
+
+def _in_flight(client: redis.Redis, host: str) -> str:
+    """The list of ``host``'s latest start's lone calls in flight (worker/lease.py)."""
+    lease = client.get(Keys().host_start(host))
+    assert lease is not None, f"{host} never took a lease"
+    return Keys().host_calls(start_of(lease.decode()))
 
 
 SLEEPER = "import time\ntime.sleep(120)"
@@ -118,7 +126,7 @@ def test_a_lone_call_given_up_is_killed_or_never_runs_and_counted_cancelled(
         wait_until(lambda: sleeping_below(pid) == 1, what="the sleeper running")
         # One slot: the host takes one call more than it can run, the third waits.
         queued = sandbox.submit(SLEEPER)
-        wait_until(lambda: client.llen(Keys().host_calls(WORKER)) == 2, what="one more taken")
+        wait_until(lambda: client.llen(_in_flight(client, WORKER)) == 2, what="one more taken")
         waiting = sandbox.submit(SLEEPER)
         wait_until(lambda: client.llen(Keys().calls()) == 1, what="the third call waiting")
         snippet = sleeping_pids(pid)
@@ -136,4 +144,4 @@ def test_a_lone_call_given_up_is_killed_or_never_runs_and_counted_cancelled(
         wait_until(counted, what="three counted cancelled, the others as calls")
         got = sandbox.pool.counters("gaveup")
         assert (got["calls"], got["ok"], got["cancelled"]) == (2, 2, 3), got
-    assert client.llen(Keys().host_calls(WORKER)) == 0
+    assert client.llen(_in_flight(client, WORKER)) == 0

@@ -11,7 +11,7 @@ import redis
 
 from codepool.common.keys import Keys
 from codepool.producer import CodePool
-from tests.conftest import StartWorker, wait_until
+from tests.conftest import StartWorker, sleeping_below, wait_until
 from tests.reliability.test_worker_loss import _kill_host
 
 # Far below the producer's deadline (minutes) and far above the few seconds a rerun
@@ -48,3 +48,25 @@ def test_a_host_restarted_under_its_own_name_frees_what_it_held(
     assert client.zcard(keys.hosts()) == 1
     client.close()
     pool.close()
+
+
+def test_a_lone_call_in_flight_through_a_same_name_restart_is_answered(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    from codepool.producer import RemoteSandbox
+
+    first = start_worker(concurrency=1, name="loner")
+    with RemoteSandbox(redis_url, timeout=10.0, run="loner") as sandbox:
+        assert sandbox.run_code("pass").worker == "loner"
+        future = sandbox.submit("import time\ntime.sleep(1.5)\nprint('done')")
+        wait_until(lambda: bool(sleeping_below(first.process.pid)), what="the call running")
+        _kill_host(first)
+        start_worker(concurrency=1, name="loner")
+        result = future.result(timeout=WAIT_S)
+        assert (result.status, result.stdout) == ("ok", "done\n"), result
+        assert sandbox.pool.calls.waiting() == 0
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys()
+    assert client.llen(keys.calls()) == 0
+    assert [k for k in client.scan_iter(keys.host_calls("loner*")) if client.llen(k)] == []
+    client.close()

@@ -102,3 +102,26 @@ def test_a_host_that_took_its_lease_anew_still_lives_for_its_contexts(
     assert host_lives(pool, "ctxh")
     lease.stop()
     pool.close()
+
+
+def test_fencing_a_start_puts_back_its_lone_calls_and_leaves_the_new_starts(
+    conn: redis.Redis, redis_url: str
+) -> None:
+    """Lone calls in flight are listed per start (``host~{token}``): fencing a dead
+    start's lease (or its ``.N`` re-lease) puts its calls back on the call list and
+    leaves those the new start of the same name took (before: one list per host name,
+    so the new start's calls were put back too, and ran twice)."""
+    from codepool.common.janitor import Janitor, start_of
+    from codepool.common.lone_calls import LoneCall
+
+    keys = Keys()
+    old_call = LoneCall("c-old", keys.inbox("p"), "print(1)", {}).encode()
+    new_call = LoneCall("c-new", keys.inbox("p"), "print(2)", {}).encode()
+    conn.rpush(keys.host_calls("h~old"), old_call)
+    conn.rpush(keys.host_calls("h~new"), new_call)
+    conn.zadd(keys.hosts(), {"h~old.1": 1.0})  # the dead start's lease, lapsed
+    janitor = Janitor(conn, Settings(redis_url=redis_url), name="j")
+    janitor.recover("h~old.1", live=1, dead=True)
+    assert [LoneCall.decode(d).id for d in conn.lrange(keys.calls(), 0, -1)] == ["c-old"]
+    assert conn.llen(keys.host_calls("h~new")) == 1
+    assert (start_of("h~old.1"), start_of("h~old"), start_of("h.0.abc")) == ("h~old", "h~old", "")
