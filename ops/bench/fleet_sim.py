@@ -12,6 +12,7 @@ the announcements belong to the simulated hosts, so every claim sees the whole f
 
     python -m codepool.ops.bench.fleet_sim                  # 10, 100, 1000 hosts x 64
     python -m codepool.ops.bench.fleet_sim --hosts 10 1000 --rate 500
+    python -m codepool.ops.bench.fleet_sim --agentic        # lone calls: fleet_agents.py
 
 Printed per fleet size: idle Redis commands/s and CPU per host; busy Redis CPU per
 snippet (minus the idle fleet's own cost meanwhile) and commands per snippet;
@@ -49,6 +50,7 @@ from codepool.common.limits import Limits
 from codepool.common.queueing import announced_batch, announcements_for
 from codepool.common.result import ExecResult
 from codepool.common.settings import Settings
+from codepool.ops.bench import fleet_agents
 from codepool.ops.bench.e2e import calls_between, redis_calls, redis_cpu_s
 from codepool.ops.redis_server import RedisServer
 from codepool.producer import CodePool
@@ -454,7 +456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--run-ms", type=float, default=50.0)
     parser.add_argument("--active", type=int, default=8, help="hosts taking announcements")
+    parser.add_argument("--agentic", action="store_true", help="lone calls (fleet_agents.py)")
     args = parser.parse_args(argv)
+    if args.agentic:
+        return 0 if fleet_agents.main(args.hosts, seconds=args.busy_window) else 1
     rows = []
     for hosts in args.hosts:
         rows.append(measure(args, hosts))
