@@ -19,9 +19,10 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis
 
@@ -33,11 +34,9 @@ from codepool.common.errors import WireError
 from codepool.common.limits import Limits
 from codepool.common.lone_calls import LoneCall, decode_reply
 from codepool.common.result import ExecResult, cancelled, infra
+from codepool.common.settings import Settings
 from codepool.common.snippet import Snippet
 from codepool.common.tally import count_hashes
-
-if TYPE_CHECKING:
-    from codepool.producer.pool import CodePool
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +57,24 @@ class _Waiting:
 class CallChannel:
     """Lone calls of one producer (``CodePool.calls``). Thread-safe."""
 
-    def __init__(self, pool: CodePool) -> None:
-        self.pool = pool
-        self.keys = pool.keys
+    def __init__(
+        self,
+        conn: redis.Redis,
+        settings: Settings,
+        *,
+        name: str,
+        watch: Callable[[], int | None],
+    ) -> None:
+        """conn: the producer's client (its pool of connections); name: the producer's,
+        in logs; watch: a look at the fleet that recovers lapsed hosts (``CodePool.watch``)."""
+        self.conn = conn
+        self.settings = settings
+        self.keys = settings.keys
+        self.name = name
+        self.watch = watch
         self.id = new_id()
         self.inbox = self.keys.inbox(self.id)
-        self._conn = redis_client(pool.settings, block_s=READ_BLOCK_S)
+        self._conn = redis_client(settings, block_s=READ_BLOCK_S)
         self._lock = threading.Lock()
         self._waiting: dict[str, _Waiting] = {}
         self._wake = threading.Event()
@@ -93,7 +104,7 @@ class CallChannel:
         futures in their order. RedisError if they could not be sent."""
         sent = [self._enter(code, limits, run, deadline_s, self.inbox) for code, limits in calls]
         try:
-            self.pool.conn.rpush(self.keys.calls(), *(raw for _, raw, _ in sent))
+            self.conn.rpush(self.keys.calls(), *(raw for _, raw, _ in sent))
         except redis.RedisError:
             self._leave(sent)
             raise
@@ -113,7 +124,7 @@ class CallChannel:
         entered = self._enter(code, limits, run, deadline_s, inbox)
         _, raw, future = entered
         try:
-            with self.pool.conn.pipeline(transaction=False) as pipe:
+            with self.conn.pipeline(transaction=False) as pipe:
                 pipe.rpush(self.keys.calls(), raw)
                 pipe.blpop([inbox], timeout=WAIT_BLOCK_S)
                 popped = pipe.execute()[1]
@@ -126,9 +137,9 @@ class CallChannel:
                 popped = None
                 continue
             try:
-                popped = self.pool.conn.blpop([inbox], timeout=WAIT_BLOCK_S)
+                popped = self.conn.blpop([inbox], timeout=WAIT_BLOCK_S)
             except redis.RedisError as exc:
-                log.warning("producer %s: waiting for a lone call: %s", self.pool.name, exc)
+                log.warning("producer %s: waiting for a lone call: %s", self.name, exc)
                 time.sleep(WAIT_BLOCK_S / 10)
         if future.cancelled():  # the pool closed meanwhile
             return cancelled(CLOSED_MESSAGE)
@@ -203,7 +214,7 @@ class CallChannel:
                     READ_BLOCK_S, 1, self.inbox, direction="LEFT", count=READ_COUNT
                 )
             except (redis.RedisError, OSError) as exc:
-                log.warning("producer %s: lone call replies: %s", self.pool.name, exc)
+                log.warning("producer %s: lone call replies: %s", self.name, exc)
                 time.sleep(min(READ_BLOCK_S, 0.2))
                 popped = None
             if popped is not None:
@@ -219,7 +230,7 @@ class CallChannel:
             call_id, blob = decode_reply(data)
             result = decode_result(blob)
         except WireError as exc:
-            log.error("producer %s: dropped a malformed reply: %s", self.pool.name, exc)
+            log.error("producer %s: dropped a malformed reply: %s", self.name, exc)
             return
         with self._lock:
             entry = self._waiting.pop(call_id, None)
@@ -236,8 +247,8 @@ class CallChannel:
                 del self._waiting[call_id]
         for _, entry in overdue:
             message = "codepool: no answer to this call by its deadline"
-            _settle(entry.future, infra(message, worker=self.pool.name))
-        self.pool.watch()
+            _settle(entry.future, infra(message, worker=self.name))
+        self.watch()
 
     # -- giving up -------------------------------------------------------------------
 
@@ -254,7 +265,7 @@ class CallChannel:
             ).start()
 
     def _withdraw(self, call_id: str, entry: _Waiting) -> None:
-        conn = self.pool.conn
+        conn = self.conn
         try:
             # Still waiting on the call list: it never runs, and it is counted here.
             if conn.lrem(self.keys.calls(), 1, entry.raw):  # type: ignore[arg-type]
@@ -262,12 +273,12 @@ class CallChannel:
                     hashes = count_hashes(self.keys, "", entry.run)
                     for key in hashes:
                         pipe.hincrby(key, "cancelled", 1)
-                    pipe.expire(hashes[1], self.pool.settings.minute_stats_ttl_s)
+                    pipe.expire(hashes[1], self.settings.minute_stats_ttl_s)
                     pipe.execute()
             else:  # taken: its host kills it and counts it
                 conn.publish(self.keys.calls_cancel_channel(), call_id)
         except redis.RedisError as exc:
-            log.warning("producer %s: could not withdraw a lone call: %s", self.pool.name, exc)
+            log.warning("producer %s: could not withdraw a lone call: %s", self.name, exc)
 
 
 def _settle(future: Future[ExecResult], result: ExecResult) -> None:

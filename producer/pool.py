@@ -108,7 +108,9 @@ class CodePool:
         fleet's open work channels, no RQ job."""
         with self._watch_lock:
             if self._calls is None:
-                self._calls = CallChannel(self)
+                self._calls = CallChannel(
+                    self.conn, self.settings, name=self.name, watch=self.watch
+                )
             return self._calls
 
     def submit(
