@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import datetime
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -259,16 +260,16 @@ def _make_shell() -> Any:
 
 
 def _inline_figures(shell: Any) -> None:
-    """Figures as PNG display data (matplotlib's inline backend, as in Jupyter): now if
-    the interpreter has matplotlib already, else when the user imports it."""
-    try:
-        import matplotlib_inline  # noqa: F401
-    except ImportError:
-        return
+    """Figures as PNG display data (matplotlib's inline backend, as in Jupyter), taken
+    up when the user imports pyplot (importing matplotlib here would cost every context
+    a second)."""
+    if importlib.util.find_spec("matplotlib_inline") is None:  # found, not imported:
+        return  # importing it imports matplotlib
     os.environ["MPLBACKEND"] = INLINE_BACKEND  # the worker's environment says Agg
-    if "matplotlib" in sys.modules:
+    matplotlib = sys.modules.get("matplotlib")
+    if matplotlib is not None:  # a worker that preloads it
         try:
-            shell.enable_matplotlib("inline")
+            matplotlib.use(INLINE_BACKEND)
         except Exception:  # a broken matplotlib: the user sees it when they use it
             pass
 

@@ -187,3 +187,33 @@ def test_display_data_beside_the_main_result(sandbox: object) -> None:
     assert (html.html, html.is_main_result) == ("<b>bold</b>", False)
     assert latex.formats() == ["latex"]
     assert main.is_main_result and main.png  # base64, as IPython formats PNG bytes
+
+
+def test_overload_is_a_503_with_retry_after_that_the_sdk_rides_out(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    server = start_serve(tmp_path_factory.mktemp("busy") / "serve.log", "--max-in-flight", "1")
+    url = f"{server.url}/e2b"
+    # More retries than the SDK's default 3, so the test does not race the sleep's end.
+    params = {"api_key": "any", "api_url": url, "sandbox_url": url, "retries": 30}
+    try:
+        busy = Sandbox.create(**params)
+        sleeper = threading.Thread(target=busy.run_code, args=("import time; time.sleep(4)",))
+        sleeper.start()
+        wait_until(
+            lambda: requests.get(f"{server.url}/health", timeout=10).json()["in_flight"] == 1,
+            30,
+            "the sleeping execution in flight",
+        )
+        refused = requests.post(f"{url}/v2/sandboxes", json={}, timeout=10)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert set(refused.json()) == {"code", "message"}
+        # The SDK retries after Retry-After until the execution is done and there is room.
+        later = Sandbox.create(**params)
+        assert later.run_code("6 * 7").text == "42"
+        sleeper.join(30)
+        later.kill()
+        busy.kill()
+    finally:
+        server.process.send_signal(signal.SIGTERM)
+        wait_or_kill(server.process, 30)
