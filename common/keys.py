@@ -24,11 +24,18 @@ class Keys:
         return f"{self.prefix}batch:{batch_id}:done"
 
     def batch_state(self, batch_id: str) -> str:
-        """Hash: the batch as submitted (``spec``, ``n``, ``run``, ``reruns``), the next
+        """Hash: the batch as submitted (``n``, ``run``, ``reruns``; the codes are
+        ``batch_spec``), the next
         unclaimed index (``next``), the claims (``c:{id}`` -> ``owner|indices``), how
         many released indices wait (``retry``), per re-run index its lapses
         (``r{i}``), and how many of its indices were cancelled (``cancelled``)."""
         return f"{self.prefix}batch:{batch_id}:state"
+
+    def batch_spec(self, batch_id: str) -> str:
+        """String: the batch as submitted (msgpack ``BatchJob``), apart from its state
+        hash so that the scripts that walk the state (a release, a cancellation) never
+        copy it (a batch stored before it lived here keeps it as the state's ``spec``)."""
+        return f"{self.prefix}batch:{batch_id}:spec"
 
     def batch_retry(self, batch_id: str) -> str:
         """List: indices released from lapsed claims, claimed again before fresh ones."""

@@ -48,8 +48,9 @@ from redis.client import Pipeline
 from codepool.common.keys import Keys
 from codepool.common.queueing import MIN_SHARE
 
-# KEYS: state, hosts, open, then producers and producer_batches, then fleet. ARGV: spec,
-# n, run, reruns, ttl_s, lease_s, batch_id, then the producer ('' for none).
+# KEYS: state, hosts, open, then producers and producer_batches, then fleet, then the
+# spec's own key (without it, the spec goes in the state hash, as before it had one).
+# ARGV: spec, n, run, reruns, ttl_s, lease_s, batch_id, then the producer ('' for none).
 # A batch of more than MIN_SHARE snippets is open (others could share it) until its last
 # index is claimed; entries older than the batch TTL go on the way. The batch goes in the
 # producer's set with the submit, and the batch that makes the set non-empty takes the
@@ -57,8 +58,13 @@ from codepool.common.queueing import MIN_SHARE
 # empty again): a producer with a batch in flight always holds a lease.
 # -> {live hosts, the slots the fleet's hosts registered}.
 SUBMIT = """
-redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
-           'reruns', ARGV[4])
+if KEYS[7] then
+  redis.call('SET', KEYS[7], ARGV[1], 'EX', ARGV[5])
+  redis.call('HSET', KEYS[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3], 'reruns', ARGV[4])
+else
+  redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'n', ARGV[2], 'next', 0, 'run', ARGV[3],
+             'reruns', ARGV[4])
+end
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -78,7 +84,8 @@ if KEYS[6] then slots = tonumber(redis.call('HGET', KEYS[6], 'slots') or '0') en
 return {redis.call('ZCOUNT', KEYS[2], now - ARGV[6], '+inf'), slots}
 """.replace("MIN_SHARE", str(MIN_SHARE))
 
-# KEYS: state, retry, leases, owner_batches, open, results.
+# KEYS: state, retry, leases, owner_batches, open, results, spec (the batch record's
+# own key; without it, or for a batch stored before it, the state's ``spec`` field).
 # ARGV: owner, batch_id, min_k, max_k, lease_s, need_spec ('1' on a dispatcher's first
 # claim in this batch: returns the batch record too), the owner's host's dispatchers.
 # -> {-2} fenced owner; {-1} no such batch; {0, '', spec} nothing left to claim;
@@ -101,7 +108,8 @@ local n, nxt, retry = tonumber(st[1]), tonumber(st[2]), tonumber(st[3] or '0')
 local min_k, max_k = tonumber(ARGV[3]), tonumber(ARGV[4])
 local spec = false
 if ARGV[6] == '1' then
-  spec = redis.call('HGET', KEYS[1], 'spec')
+  if KEYS[7] then spec = redis.call('GET', KEYS[7]) end
+  if not spec then spec = redis.call('HGET', KEYS[1], 'spec') end
   redis.call('SADD', KEYS[4], ARGV[2])
 end
 if retry > 0 then

@@ -239,6 +239,7 @@ class CodePool:
             self.keys.producers(),
             self.keys.producer_batches(self.name),
             self.keys.fleet(),
+            self.keys.batch_spec(batch_id),
         ]
         store_args = [spec, n, run, reruns, settings.batch_ttl_s, settings.lease_s]
         store_args += [batch_id, self.name]

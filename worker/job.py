@@ -351,6 +351,7 @@ class BatchExecution:
             keys.owner_batches(runner.lease.owner),
             keys.open_batches(),
             keys.batch_results(self.batch_id),
+            keys.batch_spec(self.batch_id),
         ]
         args = [
             runner.lease.owner,

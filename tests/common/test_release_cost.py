@@ -5,10 +5,15 @@ them when the hash is large enough to be scanned in pages."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import redis
 
 from codepool.common.janitor import Janitor
+from codepool.common.limits import Limits
+from codepool.common.settings import Settings
+from codepool.producer import CodePool
+from codepool.producer.batch import Batch
 from tests.common.test_ledger import _beat, _claim, _settings, _store
 
 
@@ -62,3 +67,24 @@ def test_a_release_reads_only_its_owners_claims(redis_url: str) -> None:
     ]
     assert owners == [b"b"] * 600  # the other owner's claims are untouched
     conn.close()
+
+
+def test_a_batchs_spec_is_kept_apart_from_its_state(redis_url: str, start_worker: Any) -> None:
+    # The state hash that releases and cancellations scan holds no spec: on Redis 7.0 an
+    # HSCAN copies every value it passes, matched or not.
+    start_worker()
+    pool = CodePool(redis_url)
+    conn = redis.Redis.from_url(redis_url)
+    keys = pool.keys
+    batch = pool.submit([f"print({i})" for i in range(3)])
+    assert conn.hget(keys.batch_state(batch.id), "spec") is None
+    assert conn.get(keys.batch_spec(batch.id)) == batch.spec
+    assert 0 < conn.ttl(keys.batch_spec(batch.id)) <= pool.settings.batch_ttl_s
+    assert [r.stdout for r in batch.results(timeout_s=60)] == ["0\n", "1\n", "2\n"]
+    # A batch stored the old way (spec in the state) is still run.
+    old = _store(conn, Settings(redis_url=redis_url), 2)
+    assert conn.hget(keys.batch_state(old), "spec") is not None
+    assert pool.nudge(old, 2)  # announced
+    assert [r.status for r in Batch(pool, old, 2, Limits()).results(timeout_s=60)] == ["ok"] * 2
+    conn.close()
+    pool.close()
