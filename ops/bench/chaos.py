@@ -37,10 +37,11 @@ from codepool.ops.bench.chaos_check import (
     check_redis,
     fault_costs,
 )
-from codepool.ops.bench.chaos_faults import KINDS, SENTINEL_KINDS, Injector, plan
+from codepool.ops.bench.chaos_faults import KINDS, NETNS_KINDS, SENTINEL_KINDS, Injector, plan
 from codepool.ops.bench.chaos_fleet import ChaosFleet
 from codepool.ops.bench.chaos_history import read_history
-from codepool.ops.bench.chaos_redis import PlainRedis, SentinelRedis
+from codepool.ops.bench.chaos_redis import NetnsRedis, PlainRedis, SentinelRedis
+from codepool.ops.bench.netns import Fleet
 
 # Snippets a second each kind of producer makes at --rate 1 (about 1,900 a minute).
 RATES = {"batch": 16.0, "lone": 10.0, "ctx": 3.0, "http": 3.0}
@@ -71,9 +72,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="Redis as a primary, a replica and 3 sentinels; adds redis_failover",
     )
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="each host in a network namespace of its own (root); adds link_cut",
+    )
     parser.add_argument("--dir", default="", help="where histories and logs go")
     args = parser.parse_args(argv)
-    possible = KINDS + SENTINEL_KINDS if args.sentinel else KINDS
+    if args.sentinel and args.netns:
+        parser.error("--sentinel and --netns do not go together")
+    possible: tuple[str, ...] = KINDS + SENTINEL_KINDS if args.sentinel else KINDS
+    if args.netns:
+        possible = tuple(k for k in KINDS if k != "redis_restart") + NETNS_KINDS
     args.kinds = split_names(args.kinds) or possible
     unknown = set(args.kinds) - set(possible)
     if unknown:
@@ -90,13 +100,17 @@ def run(args: argparse.Namespace) -> Report:
         f"{args.hosts} hosts x {args.slots} slots; in {directory}\n"
         f"replay: python -m codepool.ops.bench.chaos --seed {args.seed} --minutes "
         f"{args.minutes} --hosts {args.hosts} --slots {args.slots} --interval {args.interval} "
-        f"--rate {args.rate} --sleepy {args.sleepy}{' --sentinel' if args.sentinel else ''} "
+        f"--rate {args.rate} --sleepy {args.sleepy}{' --sentinel' if args.sentinel else ''}"
+        f"{' --netns' if args.netns else ''} "
         f"--kinds {','.join(args.kinds)}",
         flush=True,
     )
     rates = {role: rate * args.rate for role, rate in RATES.items()}
     fleet = ChaosFleet(directory, args.hosts, args.slots, args.seed, 0.0, rates, args.sleepy)
-    fleet.store = SentinelRedis() if args.sentinel else PlainRedis()
+    if args.netns:
+        fleet.store = NetnsRedis(Fleet(hosts=args.hosts))
+    else:
+        fleet.store = SentinelRedis() if args.sentinel else PlainRedis()
     injector = Injector(fleet, directory / "faults.jsonl")
     done = threading.Event()
     report = Report()

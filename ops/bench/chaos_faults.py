@@ -17,6 +17,9 @@ Kinds (each at least ``--minutes`` / 3 times, so every kind at least 10 times in
 - ``redis_failover`` (``--sentinel``): ``SENTINEL FAILOVER``, and the wait for the new
   primary. Under Sentinel the restart and the freeze act on the primary of the moment
   (a freeze outlasts the sentinels' 3-s failure detection: a failover of its own).
+- ``link_cut`` (``--netns``): the host's veth link taken down for 2-12 s, then restored
+  (ops/bench/netns.py; root only). There Redis lives in the hub namespace without AOF
+  and ``redis_restart`` does nothing.
 - ``producer_kill``: kill -9 of a producer process; another of its role takes its place.
 - ``client_disconnect``: an HTTP client of ``codepool serve`` sends a call that sleeps 3 s
   and closes its connection 0.5 s later (the load's HTTP clients also give up).
@@ -36,7 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from codepool.ops.bench.chaos_fleet import ChaosFleet, Host, signal_all
-from codepool.ops.bench.chaos_redis import SentinelRedis
+from codepool.ops.bench.chaos_redis import NetnsRedis, SentinelRedis
 from codepool.ops.bench.process_tree import worker_role
 
 KINDS = (
@@ -53,6 +56,8 @@ KINDS = (
 )
 # Under --sentinel only.
 SENTINEL_KINDS = ("redis_failover",)
+# Under --netns only; there Redis has no AOF and is not restarted.
+NETNS_KINDS = ("link_cut",)
 REDIS_FREEZE_S = 10.0
 
 
@@ -109,7 +114,7 @@ class Injector:
         detail = getattr(self, f"_{fault.kind}")(fault)
         record = {"t": t, "kind": fault.kind, "at_s": fault.at_s, "target": fault.target}
         record["detail"] = detail
-        if fault.kind in ("host_stop", "redis_freeze"):
+        if fault.kind in ("host_stop", "redis_freeze", "link_cut"):
             record["hold_s"] = fault.hold_s
         record["took_s"] = round(time.time() - t, 2)
         with self._lock:
@@ -192,6 +197,8 @@ class Injector:
     # -- Redis ---------------------------------------------------------------------
 
     def _redis_restart(self, fault: Fault) -> str:
+        if isinstance(self.fleet.store, NetnsRedis):
+            return "not under --netns (its Redis has no AOF): nothing done"
         time.sleep(max(0.0, self._redis_thaws_at - time.monotonic()))
         started = time.monotonic()
         server = self.fleet.store.primary()
@@ -211,6 +218,15 @@ class Injector:
             return "no Sentinel (--sentinel): nothing done"
         time.sleep(max(0.0, self._redis_thaws_at - time.monotonic()))
         return self.fleet.store.failover()
+
+    def _link_cut(self, fault: Fault) -> str:
+        if not isinstance(self.fleet.store, NetnsRedis):
+            return "no netns fleet (--netns): nothing done"
+        host = self._host(fault)
+        netns = self.fleet.store.fleet
+        netns.cut_link(host.index)
+        self._later(fault.hold_s, netns.restore_link, host.index)
+        return f"{host.name}: link cut for {fault.hold_s} s"
 
     # -- producers and clients -----------------------------------------------------
 

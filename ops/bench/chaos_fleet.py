@@ -19,7 +19,7 @@ from codepool.common.errors import ConfigError
 from codepool.common.keys import Keys
 from codepool.ops.arguments import cli_command
 from codepool.ops.bench.chaos_check import process_start
-from codepool.ops.bench.chaos_redis import PlainRedis, SentinelRedis
+from codepool.ops.bench.chaos_redis import NetnsRedis, PlainRedis, SentinelRedis
 from codepool.ops.bench.process_tree import descendants
 from codepool.ops.serve_command import LISTENING
 
@@ -72,7 +72,7 @@ class ChaosFleet:
     until: float
     rates: dict[str, float]
     sleepy: float = 0.1
-    store: PlainRedis | SentinelRedis = field(default_factory=PlainRedis)
+    store: PlainRedis | SentinelRedis | NetnsRedis = field(default_factory=PlainRedis)
     hosts: list[Host] = field(default_factory=list)
     producers: list[Producer] = field(default_factory=list)
     killed_producers: set[str] = field(default_factory=set)
@@ -93,6 +93,8 @@ class ChaosFleet:
     @property
     def redis_pid(self) -> int:
         """The pid of the primary now."""
+        if isinstance(self.store, NetnsRedis):
+            return self.store.pid()
         process = self.store.primary().process
         assert process is not None
         return process.pid
@@ -128,6 +130,14 @@ class ChaosFleet:
     def start_host(self, host: Host) -> None:
         host.starts += 1
         host.started_at = time.time()
+        if isinstance(self.store, NetnsRedis):  # in its own network namespace
+            host.process = self.store.fleet.start_worker(
+                host.index,
+                name=host.name,
+                log_path=self.directory / "logs" / f"{host.name}.log",
+                concurrency=self.slots,
+            )
+            return
         log = open(self.directory / "logs" / f"{host.name}.log", "ab")
         host.process = subprocess.Popen(
             cli_command("worker", "--url", self.url, "-c", str(self.slots), "--name", host.name),

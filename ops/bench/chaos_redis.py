@@ -16,6 +16,7 @@ import redis
 
 from codepool.common.errors import ConfigError
 from codepool.common.reaping import wait_or_kill
+from codepool.ops.bench.netns import Fleet
 from codepool.ops.redis_server import RedisServer, free_port
 from codepool.ops.server_binary import find_server_binary
 
@@ -173,3 +174,31 @@ class SentinelRedis:
             server.close()
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@dataclass
+class NetnsRedis:
+    """The netns fleet's Redis (ops/bench/netns.py): in its hub namespace, without AOF, so
+    it is frozen but never restarted; the hosts dial it over their veth links, the rest
+    over its unix socket."""
+
+    fleet: Fleet = field(default_factory=lambda: Fleet(hosts=1))
+
+    @property
+    def url(self) -> str:
+        return self.fleet.redis_unix_url
+
+    def start(self) -> None:
+        self.fleet.__enter__()
+
+    def pid(self) -> int:
+        pid = self.fleet.redis_pid
+        if pid is None:
+            raise ConfigError("the netns fleet's Redis is not running")
+        return pid
+
+    def direct_url(self) -> str:
+        return self.url
+
+    def close(self) -> None:
+        self.fleet.__exit__(None, None, None)
