@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 BLOCK_S = 10
 FLUSH_S = 1.0
 PREFETCH = 1  # calls taken beyond the host's slots
-EXPIRES_KEPT = 10_000  # inboxes whose TTL renewals are remembered
 _STOP = object()
 _FLUSH = object()  # counts go out with the next write, not after FLUSH_S
 
@@ -81,7 +80,6 @@ class CallServer:
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)  # by run tag
         self._halted = threading.Event()
-        self._expires: dict[str, float] = {}  # inbox -> when to renew its TTL (monotonic)
         self._abandoned = False  # past the drain: results are not written any more
         self._threads = [
             threading.Thread(target=self._take, name="codepool-calls", daemon=True),
@@ -247,13 +245,10 @@ class CallServer:
                         pipe.rpush(call.inbox, encode_reply(call.id, result))
                         inboxes.add(call.inbox)
                     pipe.lrem(self.inflight_key, 1, raw)
-                now = time.monotonic()
-                if len(self._expires) > EXPIRES_KEPT:
-                    self._expires.clear()
-                for inbox in inboxes:  # a producer's inbox: renewed now and then
-                    if self._expires.get(inbox, 0.0) <= now:
-                        pipe.expire(inbox, INBOX_TTL_S)
-                        self._expires[inbox] = now + INBOX_TTL_S / 5
+                # Every push: an inbox its reader emptied went with its TTL, and the
+                # push made it anew without one (docs/chaos.md, finding 3).
+                for inbox in inboxes:
+                    pipe.expire(inbox, INBOX_TTL_S)
                 for run, tally in (counts or {}).items():
                     hashes = count_hashes(self.keys, self.host, run)
                     for key in hashes:

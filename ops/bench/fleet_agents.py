@@ -4,7 +4,7 @@ when a thousand worker hosts keep their call channel open.
 Each simulated host does what worker/call_server.py does on the wire, with no
 processes: one connection blocked in BLMOVE on the call list (timeout 10 s) while it has
 a free slot, a call "runs" for ``run_ms``, then one pipeline answers it (RPUSH to the
-caller's inbox, LREM from the in-flight list, the inbox's TTL now and then) and the
+caller's inbox, its TTL, LREM from the in-flight list) and the
 host's counters go out once a second (HINCRBY per field on the cluster, minute and
 host hashes). Agents do what a blocking ``run_code`` does: RPUSH the call and BLPOP
 their own inbox in one pipeline, then think. Real records (common/lone_calls.py).
@@ -65,7 +65,6 @@ async def _host(conn: aredis.Redis, out: aredis.Redis, name: str, plan: Plan, en
     room = asyncio.Semaphore(plan.slots + 1)
     inflight = KEYS.host_calls(name)
     tally: Counter[str] = Counter()
-    expires: dict[str, float] = {}
     running: set[asyncio.Future[None]] = set()
 
     async def finish(raw: bytes) -> None:
@@ -73,13 +72,10 @@ async def _host(conn: aredis.Redis, out: aredis.Redis, name: str, plan: Plan, en
         await asyncio.sleep(plan.run_s)
         result = ExecResult(True, "", "", 0, False, plan.run_s, exec_s=plan.run_s, worker=name)
         tally.update(counters.count(result))
-        now = time.monotonic()
         async with out.pipeline(transaction=False) as pipe:
             pipe.rpush(call.inbox, encode_reply(call.id, result))
             pipe.lrem(inflight, 1, raw)  # type: ignore[arg-type]
-            if expires.get(call.inbox, 0.0) <= now:
-                pipe.expire(call.inbox, INBOX_TTL_S)
-                expires[call.inbox] = now + INBOX_TTL_S / 5
+            pipe.expire(call.inbox, INBOX_TTL_S)
             await pipe.execute()
         room.release()
 

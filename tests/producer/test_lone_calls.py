@@ -11,6 +11,8 @@ import redis
 
 from codepool.common.janitor import start_of
 from codepool.common.keys import Keys
+from codepool.common.limits import Limits
+from codepool.common.lone_calls import INBOX_TTL_S, LoneCall
 from codepool.producer import RemoteSandbox
 from tests.conftest import (
     KILLED_WITHIN_S,
@@ -145,3 +147,21 @@ def test_a_lone_call_given_up_is_killed_or_never_runs_and_counted_cancelled(
         got = sandbox.pool.counters("gaveup")
         assert (got["calls"], got["ok"], got["cancelled"]) == (2, 2, 3), got
     assert client.llen(_in_flight(client, WORKER)) == 0
+
+
+def test_every_answer_leaves_its_inbox_with_a_ttl(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """A reader that empties an inbox removes its TTL with it; the next answer must set
+    it again, or an inbox nobody reads any more never expires (docs/chaos.md, finding
+    3; before the fix the second answer within a minute came without one)."""
+    start_worker(concurrency=1)
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys()
+    inbox = keys.inbox("nobody-reads")
+    limits = Limits().to_dict()
+    for turn in range(2):
+        client.delete(inbox)  # as a reader that emptied it
+        client.rpush(keys.calls(), LoneCall(f"c{turn}", inbox, "print(1)", limits).encode())
+        wait_until(lambda: client.llen(inbox) == 1, what=f"answer {turn}")
+        assert 0 < client.ttl(inbox) <= INBOX_TTL_S
