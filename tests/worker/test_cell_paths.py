@@ -5,14 +5,23 @@ surrogate anywhere in a cell comes back as a result, locally and through Redis."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from codepool.common.result import ExecResult
 from codepool.common.snippet import Snippet
 from codepool.producer import CodePool
 from codepool.worker import LocalExecutor
-from tests.conftest import NO_NAMESPACES, StartWorker, executor_on, skip_unreadable
+from tests.conftest import (
+    NO_NAMESPACES,
+    StartWorker,
+    assert_nothing_left,
+    executor_on,
+    skip_unreadable,
+)
+from tests.hostile import HOSTILE
 from tests.worker.test_forking_snippets import CASES, FRESH_INTERPRETER, Reference
 from tests.worker.test_forking_snippets import reference as reference  # the fixture
 
@@ -78,9 +87,7 @@ def test_a_lone_surrogate_in_a_cell_is_a_result(executor: LocalExecutor) -> None
     assert executor.run("print(1)", timeout_s=10.0).stdout == "1\n"
 
 
-def test_a_lone_surrogate_in_a_cell_through_redis(
-    redis_url: str, start_worker: StartWorker
-) -> None:
+def test_cells_through_redis(redis_url: str, start_worker: StartWorker) -> None:
     start_worker()
     pool = CodePool(redis_url)
     try:
@@ -89,5 +96,62 @@ def test_a_lone_surrogate_in_a_cell_through_redis(
         assert notebook.ok and notebook.cells[3]["stdout"] == "after\n", notebook
         assert notebook.cells[1]["error"][0]["evalue"] == "\\ud800"
         assert plain.stdout == "plain\n"
+        forked = pool.submit([Snippet.make(cells=[CASES["fork-in-a-loop"], "print('mine')"])])
+        (r,) = forked.results(timeout_s=60)
+        assert [c["stdout"] for c in r.cells][1:] == ["mine\n"], r
+        check_notebooks(
+            _notebooks(
+                lambda notebooks: pool.submit(notebooks, timeout_s=3.0).results(timeout_s=120)
+            )
+        )
     finally:
         pool.close()
+
+
+def _notebooks(run_many: Callable[[list[Any]], list[ExecResult]]) -> dict[str, ExecResult]:
+    """Each hostile snippet as the middle cell of a notebook of its own."""
+    corpus = dict(HOSTILE)
+    alone = {"fork-bomb": corpus.pop("fork-bomb")}  # as test_hostile_paths runs it
+    results: dict[str, ExecResult] = {}
+    for batch in (corpus, alone):
+        notebooks = [
+            Snippet.make(cells=["x = 1", code, "print('mine')"]) for code in batch.values()
+        ]
+        results.update(zip(batch, run_many(notebooks), strict=True))
+    return results
+
+
+def check_notebooks(results: dict[str, ExecResult]) -> None:
+    """tests/hostile.check for notebooks: a cell's error is its record's, the notebook
+    goes on; the cells' record fd is one more fd a cell can write to (fd 5)."""
+    ended = {"fork-bomb": ("timeout", "error"), "closed-stdout": ("timeout",)}
+    for name, statuses in ended.items():
+        assert results[name].status in statuses, results[name]
+    shown = {
+        "kill-all": "alive\n",
+        "fds": "[4, 5]\n",
+        "daemon": "parent done\n",
+        "sigstop": "continued\n",
+    }
+    errors = {"memory-bomb": "MemoryError", "fill-disk": "OSError"}
+    for name, result in results.items():
+        if name in ended:
+            continue
+        assert result.ok and len(result.cells) == 3, (name, result)
+        first, cell, last = result.cells
+        assert (first["stdout"], last["stdout"]) == ("", "mine\n"), (name, result)
+        if name in errors:
+            assert cell["error"][0]["ename"] == errors[name], (name, cell)
+        elif name == "secrets":
+            assert cell["stdout"].startswith("False False ["), cell
+            assert "codepool-worker-" not in cell["stdout"]
+        else:
+            assert (cell["stdout"], cell["error"]) == (shown[name], []), (name, cell)
+    assert "No space left" in results["fill-disk"].cells[1]["error"][0]["evalue"]
+
+
+def test_hostile_snippets_are_contained_in_cells(executor: LocalExecutor) -> None:
+    if not any(line["name"] == "processes" and line["active"] for line in executor.report):
+        pytest.skip("the corpus expects a PID namespace, as on test_hostile_paths' paths")
+    check_notebooks(_notebooks(lambda notebooks: executor.run_many(notebooks, timeout_s=3.0)))
+    assert_nothing_left(executor)

@@ -6,12 +6,22 @@ with the reference, and the call after it gets its own output."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 
+from codepool.common.result import ExecResult
+from codepool.producer import CodePool
 from codepool.worker import LocalExecutor
-from tests.conftest import NO_NAMESPACES, executor_on, skip_unreadable
+from tests.conftest import (
+    NO_NAMESPACES,
+    StartWorker,
+    assert_nothing_left,
+    executor_on,
+    skip_unreadable,
+)
+from tests.hostile import HOSTILE, check
 from tests.worker.test_forking_snippets import CASES, FRESH_INTERPRETER, Reference
 from tests.worker.test_forking_snippets import reference as reference  # the fixture
 
@@ -72,3 +82,91 @@ def test_a_call_may_lower_its_own_cpu_limit(executor: LocalExecutor) -> None:
         lower = "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (100, 100))"
         assert ctx.run_code(lower).ok
         assert ctx.run_code("print('mine')").stdout == "mine\n"
+
+
+def _in_contexts(
+    executor: LocalExecutor, corpus: dict[str, str], *, later: bool
+) -> dict[str, ExecResult]:
+    """Each snippet of ``corpus`` as a call of a context of its own (a first call, or
+    one after a call that set some state), all at once; then a call after it."""
+    contexts = {name: executor.context(timeout_s=3.0) for name in corpus}
+    try:
+        if later:
+            for ctx in contexts.values():
+                assert ctx.run_code("import os\nx = 1").ok
+        futures = {name: contexts[name].submit(code) for name, code in corpus.items()}
+        results = {name: future.result() for name, future in futures.items()}
+        for name, ctx in contexts.items():
+            after = ctx.run_code("print('mine')")
+            if ctx.ended is None:  # a call that ends its context: later calls say so
+                assert after.stdout == "mine\n", (name, after)
+            else:
+                assert after.status == "rejected", (name, after)
+        return results
+    finally:
+        for ctx in contexts.values():
+            ctx.close()
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["first-call", "later-call"])
+def test_hostile_snippets_are_contained_in_contexts(executor: LocalExecutor, later: bool) -> None:
+    if not any(line["name"] == "processes" and line["active"] for line in executor.report):
+        pytest.skip("the corpus expects a PID namespace, as on test_hostile_paths' paths")
+    corpus = dict(HOSTILE)
+    alone = {"fork-bomb": corpus.pop("fork-bomb")}  # as test_hostile_paths runs it
+    results = _in_contexts(executor, corpus, later=later)
+    results.update(_in_contexts(executor, alone, later=later))
+    # A call is not its namespace's init; the call may write to its control socket
+    # (fd 3): what it writes there is dropped (context_wire.resync), it ended the context.
+    check(results, pidns=False, fds="[3]\n")
+    assert_nothing_left(executor)
+
+
+def test_the_end_of_a_call_is_an_interactive_statement_s_end(
+    executor: LocalExecutor, reference: Reference
+) -> None:
+    # As an interactive interpreter: an unhandled error is kept for pdb.pm() (sys.last_*,
+    # as PyErr_Print sets them), the streams are flushed, and the session goes on.
+    with executor.context() as ctx:
+        assert ctx.run_code("print('half', end='')\n1/0").stdout == "half"
+        last = "sys.last_type.__name__, sys.last_traceback.tb_frame.f_code.co_filename"
+        seen = ctx.run_code(f"import sys\nprint({last})")
+        assert seen.stdout == "ZeroDivisionError <sandbox>\n", seen
+    # python -c sets them too: an atexit hook sees them.
+    code = "import atexit, sys\natexit.register(lambda: print(sys.last_type.__name__))\n1/0"
+    assert executor.run(code).stdout == reference(code)[0] == "ZeroDivisionError\n"
+
+
+def test_the_corpora_in_contexts_through_redis(
+    redis_url: str, start_worker: StartWorker, reference: Reference
+) -> None:
+    start_worker()
+    pool = CodePool(redis_url)
+
+    async def run(corpus: dict[str, str]) -> dict[str, ExecResult]:
+        contexts = [await pool.acontext(timeout_s=3.0) for _ in corpus]
+        try:
+            calls = (
+                ctx.arun_code(code) for ctx, code in zip(contexts, corpus.values(), strict=True)
+            )
+            results = dict(zip(corpus, await asyncio.gather(*calls), strict=True))
+            after = await asyncio.gather(*(ctx.arun_code("print('mine')") for ctx in contexts))
+            for name, ctx, mine in zip(corpus, contexts, after, strict=True):
+                wanted = ("rejected", "") if ctx.ended else ("ok", "mine\n")
+                assert (mine.status, mine.stdout) == wanted, (name, mine)
+            return results
+        finally:
+            for ctx in contexts:
+                await ctx.aclose()
+
+    try:
+        corpus = dict(HOSTILE)
+        alone = {"fork-bomb": corpus.pop("fork-bomb")}
+        results = asyncio.run(run(corpus))
+        results.update(asyncio.run(run(alone)))
+        check(results, pidns=False, fds="[3]\n")
+        forks = {name: code for name, code in CASES.items() if name not in FRESH_INTERPRETER}
+        for name, r in asyncio.run(run(forks)).items():
+            assert (r.stdout, r.stderr, r.returncode) == reference(forks[name]), name
+    finally:
+        pool.close()

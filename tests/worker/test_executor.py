@@ -486,7 +486,7 @@ def _snippet_output_started(ex: LocalExecutor) -> bool:
         return False  # the supervisor is gone or not yet there
     for fd in fds:
         try:
-            if "codepool-stdout" in os.readlink(f"{fd_dir}/{fd}"):
+            if "memfd:stdout" in os.readlink(f"{fd_dir}/{fd}"):
                 if os.stat(f"{fd_dir}/{fd}").st_size > 0:
                     return True
         except OSError:

@@ -135,6 +135,7 @@ def _record(record_fd: int, display: str | None, error: dict[str, Any] | None) -
         record["display"] = display[-MAX_RECORD_CHARS:]
         record["display_chars"] = len(display)
     try:
-        os.write(record_fd, json.dumps(record).encode() + b"\n")
+        # On a line of its own, whatever the cell wrote to this fd before it.
+        os.write(record_fd, b"\n" + json.dumps(record).encode() + b"\n")
     except (OSError, ValueError):
         pass  # over the file size limit, or the cell closed the fd: no more records

@@ -360,7 +360,7 @@ def _exec_interpreter(
     request: ChildRequest, record_fd: int | None, env: dict[str, str]
 ) -> NoReturn:
     source = json.dumps(request.cells).encode() if request.cells is not None else request.code
-    source_fd = os.memfd_create("codepool-source", 0)
+    source_fd = os.memfd_create("source", 0)
     os.write(source_fd, source)
     os.lseek(source_fd, 0, os.SEEK_SET)
     os.dup2(source_fd, spawn_entry.CODE_FD)

@@ -141,7 +141,7 @@ class _Interpreter:
         os._exit(code)
 
     def _call(self) -> None:
-        cpu_s, flags, code_len = context_wire.CALL_HEAD.unpack(
+        cpu_s, flags, code_len, token = context_wire.CALL_HEAD.unpack(
             self._read(context_wire.CALL_HEAD.size)
         )
         code = self._read(code_len)
@@ -170,7 +170,7 @@ class _Interpreter:
             runtime.exit_as_python(rc)
         _flush()
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        self._say(context_wire.ENDED, rc, round((_cpu_s() - before) * 1e6), rss)
+        self._say(context_wire.ENDED, token, rc, round((_cpu_s() - before) * 1e6), rss)
 
     def _fork(self, fds: list[int]) -> None:
         context_wire.FORK_HEAD.unpack(self._read(context_wire.FORK_HEAD.size))
@@ -244,7 +244,7 @@ class _Interpreter:
             data += chunk
         return bytes(data)
 
-    def _say(self, kind: bytes, *fields: int) -> None:
+    def _say(self, kind: bytes, *fields: int | bytes) -> None:
         self.control.sendall(kind + context_wire.BODIES[kind].pack(*fields))
 
 

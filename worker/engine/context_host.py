@@ -85,6 +85,7 @@ class Ctx:
     deadline: float | None = None
     timed_out: bool = False
     running: bool = False  # a call runs (and holds a slot)
+    token: bytes = b""  # the running call's (context_wire.resync)
     last_active: float = field(default_factory=time.monotonic)
     ended: str | None = None
     exit_code: int | None = None  # from the reaper, once it reaped the interpreter
@@ -236,6 +237,8 @@ class ContextHost:
             if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                 sender = _CREDS.unpack_from(value)[0]
         ctx.buffer += data
+        if ctx.running and not context_wire.resync(ctx.buffer, ctx.token):
+            return
         try:
             records = context_wire.parse(ctx.buffer)
         except ValueError as exc:
@@ -246,8 +249,8 @@ class ContextHost:
             if record == context_wire.HELLO:
                 self._on_hello(ctx, fields[0], sender)
             elif record == context_wire.ENDED and ctx.op is not None and ctx.op.kind == "call":
-                if not ctx.timed_out:  # killed at its deadline: its death is the result
-                    self._finish_call(ctx, *fields)
+                if not ctx.timed_out and fields[0] == ctx.token:  # timed out: killed for it
+                    self._finish_call(ctx, *fields[1:])
             elif record == context_wire.FORKED and ctx.op is not None and ctx.op.kind == "fork":
                 ctx.forks_made = fields[0]
                 self._check_forks(ctx)
@@ -341,7 +344,8 @@ class ContextHost:
         flags = (contract.FLAG_AUTO_PRINT if op.limits.auto_print else 0) | (
             contract.FLAG_RICH_TRACEBACKS if op.limits.rich_tracebacks else 0
         )
-        head = context_wire.CALL_HEAD.pack(op.limits.cpu_rlimit_s, flags, len(op.code))
+        ctx.token = os.urandom(8)
+        head = context_wire.CALL_HEAD.pack(op.limits.cpu_rlimit_s, flags, len(op.code), ctx.token)
         self.busy += 1
         ctx.running = True
         ctx.started = time.monotonic()
@@ -392,8 +396,8 @@ class ContextHost:
         for _ in range(op.forks):
             mine, theirs = socket.socketpair()
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            out = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
-            err = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
+            out = os.memfd_create("stdout", os.MFD_CLOEXEC)
+            err = os.memfd_create("stderr", os.MFD_CLOEXEC)
             fork = Ctx(next(self._ids), op.client, ctx.family, mine, out, err, op)
             self.contexts[fork.id] = fork
             self._watch(mine, ("context", fork))

@@ -29,7 +29,7 @@ def write_files(files: list[list[Any]]) -> None:
 
 def give_stdin(data: bytes) -> None:
     """Make fd 0 read ``data`` then EOF (a memfd: no pipe to fill, no writer to wait on)."""
-    fd = os.memfd_create("codepool-stdin", os.MFD_CLOEXEC)
+    fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -49,7 +49,7 @@ def say_ready(request_fd: int, ready: bytes, *, fetch: bool, cells: Any) -> int 
         fds.append(os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
     record_fd = None
     if cells is not None:
-        record_fd = os.memfd_create("codepool-cells", os.MFD_CLOEXEC)
+        record_fd = os.memfd_create("cells", os.MFD_CLOEXEC)
         fds.append(record_fd)
     sock = socket.socket(fileno=request_fd)
     try:

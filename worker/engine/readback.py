@@ -77,22 +77,23 @@ def notebook_cells(
     record_fd: int, out_fd: int, err_fd: int, max_chars: int
 ) -> list[dict[str, Any]]:
     """One map per cell the child recorded (see cells.py): its slice of stdout and
-    stderr, its display and its error, each cut to ``max_chars``. Stops at the first
-    record that is not what the harness writes."""
+    stderr, its display and its error, each cut to ``max_chars``. A line that is not
+    what the harness writes is skipped: a cell that writes to every fd it has writes
+    to the records too (cells.py starts each record on a line of its own)."""
     size = os.fstat(record_fd).st_size
     data = os.pread(record_fd, min(size, MAX_RECORDS_BYTES), 0)
     cells: list[dict[str, Any]] = []
     out_at = err_at = 0
     for line in data.split(b"\n"):
         try:
-            record = json.loads(line)
+            record = json.loads(line) if line else None
         except ValueError:
-            break
+            continue
         if not isinstance(record, dict):
-            break
+            continue
         out_end, err_end = record.get("out"), record.get("err")
         if not isinstance(out_end, int) or not isinstance(err_end, int):
-            break
+            continue
         out_end, err_end = max(out_end, out_at), max(err_end, err_at)
         stdout, _ = read_tail(out_fd, max_chars, out_at, out_end)
         stderr, _ = read_tail(err_fd, max_chars, err_at, err_end)

@@ -364,6 +364,10 @@ def print_exception(exc: BaseException, *, rich: bool) -> int | None:
     while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
         tb = tb.tb_next
     exc.__traceback__ = tb  # what the interpreter's display shows, whatever it is passed
+    # As PyErr_Print: what pdb.pm() reads (a context's next call; an atexit hook).
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
     hook = getattr(sys, "excepthook", _MISSING)
     if hook is _MISSING:
         finalization.write_stderr("sys.excepthook is missing\n")

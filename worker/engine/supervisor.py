@@ -381,8 +381,8 @@ class Supervisor:
             if uid is not None:
                 os.chown(fallback_dir, uid, uid)
         parent_sock, child_sock = socket.socketpair()
-        out_fd = os.memfd_create("codepool-stdout", os.MFD_CLOEXEC)
-        err_fd = os.memfd_create("codepool-stderr", os.MFD_CLOEXEC)
+        out_fd = os.memfd_create("stdout", os.MFD_CLOEXEC)
+        err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
         done_fd, done_end = done.open_pipe()
         header = CLONE_REQUEST.pack(-1 if uid is None else uid) + (fallback_dir or "").encode()
         fds = [child_sock.fileno(), out_fd, err_fd, done_end]
