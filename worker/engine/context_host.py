@@ -107,8 +107,10 @@ class ContextHost:
         clone: Callable[[Family], None],
         watch: Callable[[Any, tuple[str, Any]], object],
         unwatch: Callable[[Any], object],
+        pidns: bool = True,
     ) -> None:
         self.max_contexts = max_contexts
+        self.pidns = pidns  # a family's reaper is its PID namespace's init
         self.ttl_s = ttl_s
         self._send, self._clone, self._watch, self._unwatch = send, clone, watch, unwatch
         self.contexts: dict[int, Ctx] = {}
@@ -518,6 +520,18 @@ class ContextHost:
             if ctx.deadline is not None:
                 if ctx.deadline <= now:
                     ctx.timed_out, ctx.deadline = True, None
+                    family = ctx.family
+                    others = (m for m in family.members.values() if m is not ctx)
+                    if not family.exited and not any(m.ended is None for m in others):
+                        # The timeout ends the family's last context: end the family at
+                        # once, its PID namespace with it, not process by process (a
+                        # fork bomb outran that for half a minute), and answer now: the
+                        # kernel's teardown of a namespace full of forks took 10-70 s.
+                        os.kill(family.child.pid, signal.SIGKILL)
+                        if self.pidns:
+                            ctx.exit_code = -signal.SIGKILL
+                            self._died(ctx, "")
+                            continue
                     _kill_descendants(ctx.host_pid)
                     _signal(ctx.pidfd)
                     continue

@@ -154,6 +154,7 @@ class Supervisor:
             clone=lambda family: self._request_clone(routing.HEAVY, family=family),
             watch=lambda fd, data: self.selector.register(fd, selectors.EVENT_READ, data),
             unwatch=self.selector.unregister,
+            pidns=self.state.pidns,
         )
         self.stopping = False
         self._broken: list[Client] = []  # clients to drop (_sent)
