@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from codepool.common.result import ExecResult
+from codepool.ops.bench.process_tree import descendants
 from codepool.producer import CodePool
 from codepool.worker import LocalExecutor
 from tests.conftest import (
@@ -19,9 +20,12 @@ from tests.conftest import (
     StartWorker,
     assert_nothing_left,
     executor_on,
+    poll_until,
     skip_unreadable,
+    wait_until,
 )
 from tests.hostile import HOSTILE, check
+from tests.processes import exiting
 from tests.worker.test_forking_snippets import CASES, FRESH_INTERPRETER, Reference
 from tests.worker.test_forking_snippets import reference as reference  # the fixture
 
@@ -125,7 +129,16 @@ def test_hostile_snippets_are_contained_in_contexts(executor: LocalExecutor, lat
     # A call is not its namespace's init; the call may write to its control socket
     # (fd 3): what it writes there is dropped (context_wire.resync), it ended the context.
     check(results, pidns=False, fds="[3]\n")
+    # The fork bomb's family was killed at its deadline and answered then; the kernel's
+    # teardown of a namespace full of forks took 10-70 s at load 80 (context_host.expire).
+    wait_until(lambda: _settled(executor), 120, "the killed families' processes gone")
     assert_nothing_left(executor)
+
+
+def _settled(executor: LocalExecutor) -> bool:
+    """No process below the supervisor in its exit, for a second on end (killed ones
+    start their exit as they get the CPU)."""
+    return not poll_until(lambda: any(map(exiting, descendants(executor.supervisor_pid))), 1.0)
 
 
 def test_the_end_of_a_call_is_an_interactive_statement_s_end(
