@@ -327,10 +327,14 @@ def _in_background(work: Callable[[], None]) -> None:
 
 
 async def _sweep(sandboxes: Sandboxes) -> None:
-    """End the sandboxes past their end time, while any are held."""
+    """End the sandboxes past their end time and keep the others' contexts alive, while
+    any are held."""
+    keeping: asyncio.Future[None] | None = None
     while len(sandboxes):
         for sandbox_id in sandboxes.expired():
             await in_thread(functools.partial(sandboxes.kill, sandbox_id, "its timeout passed"))
+        if keeping is None or keeping.done():
+            keeping = asyncio.ensure_future(in_thread(sandboxes.keep_alive))
         await asyncio.sleep(SWEEP_EVERY_S)
 
 

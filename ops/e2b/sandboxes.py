@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from codepool.common.errors import CodepoolError
 from codepool.common.result import ExecResult, rejected
 from codepool.ops.e2b import execution
-from codepool.producer.context import RemoteContext
+from codepool.producer.context import KILLED, RemoteContext
 
 if TYPE_CHECKING:
     from codepool.producer.sandbox import RemoteSandbox
@@ -52,6 +52,7 @@ class CodeContext:
     remote: RemoteContext
     language: str = LANGUAGE
     busy: threading.Lock = field(default_factory=threading.Lock)  # its executions, in order
+    used_at: float = field(default_factory=time.monotonic)  # its last execution's end
 
     def describe(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -181,6 +182,27 @@ class Sandboxes:
             key for key, held in list(self._held.items()) if held.end_at < now and not held.running
         ]
 
+    def keep_alive(self) -> None:
+        """Touch the code contexts idle for a third of their host's idle TTL (blocking):
+        a sandbox's end time, not its hosts' TTL, ends it while serve holds it (serve
+        gone, the TTL ends its contexts as any)."""
+        now = time.monotonic()
+        for sandbox in list(self._held.values()):
+            for context in list(sandbox.contexts.values()):
+                idle_s = now - context.used_at
+                if idle_s < context.remote.ttl_s / 3 or not context.busy.acquire(blocking=False):
+                    continue
+                try:
+                    if sandbox.killed is None and context.remote.ended is None:
+                        context.remote.run_code("pass")
+                        context.used_at = time.monotonic()
+                except Exception as exc:  # Redis away: the next round tries again
+                    log.warning(
+                        "e2b sandbox %s: keeping a context alive failed: %s", sandbox.id, exc
+                    )
+                finally:
+                    context.busy.release()
+
     def kill_all(self) -> None:
         for sandbox_id in list(self._held):
             self.kill(sandbox_id, "serve stopped")
@@ -243,7 +265,10 @@ class Sandboxes:
                 if watch.left.is_set():
                     return []
                 watch.on = context
-                events = self._execute(sandbox, context, code, env_vars)
+                try:
+                    events = self._execute(sandbox, context, code, env_vars)
+                finally:
+                    context.used_at = time.monotonic()
             if events is not None or watch.left.is_set():
                 break
         return events or ended_events(rejected("the context was killed"), 0.0)
@@ -270,7 +295,7 @@ class Sandboxes:
         if sandbox.killed is not None:
             raise SandboxError(502, f"The sandbox {sandbox.id} was killed: {sandbox.killed}")
         if got is None:
-            if result.status == "rejected" and remote.ended is not None:
+            if result.status == "rejected" and remote.ended == KILLED:
                 return None  # it never ran: the context was killed before it
             timeout_s = float(remote.limits.get("timeout_s", 30.0))
             if remote.ended is not None and sandbox.contexts.get(context.id) is context:

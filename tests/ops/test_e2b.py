@@ -9,12 +9,15 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import redis
 import requests
 
+from codepool.common.keys import Keys
 from codepool.common.reaping import wait_or_kill
-from tests.conftest import wait_until
+from tests.conftest import StartWorker, wait_until
 from tests.ops.test_serve import Serve, start_serve
 
 e2b = pytest.importorskip("e2b")
@@ -215,5 +218,28 @@ def test_overload_is_a_503_with_retry_after_that_the_sdk_rides_out(
         later.kill()
         busy.kill()
     finally:
+        server.process.send_signal(signal.SIGTERM)
+        wait_or_kill(server.process, 30)
+
+
+def test_a_sandbox_outlives_its_hosts_idle_ttl(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    # Its end time ends a sandbox, not the hosts' context TTL: serve keeps it alive.
+    start_worker("--context-ttl", "3")
+    server = start_serve(tmp_path / "serve.log", "--url", redis_url)
+    url = f"{server.url}/e2b"
+    client = redis.Redis.from_url(redis_url)
+    calls = lambda: int(client.hget(Keys().stats(), "context_calls") or 0)  # noqa: E731
+    try:
+        sandbox = Sandbox.create(api_key="any", api_url=url, sandbox_url=url)
+        sandbox.run_code("kept = 'still here'")
+        since = calls()
+        # Touches come a third of the TTL apart once idle: six span twice the TTL.
+        wait_until(lambda: calls() >= since + 6, 60, "six touches of the idle context")
+        assert sandbox.run_code("kept").text == "still here"
+        sandbox.kill()
+    finally:
+        client.close()
         server.process.send_signal(signal.SIGTERM)
         wait_or_kill(server.process, 30)
