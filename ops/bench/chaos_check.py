@@ -65,6 +65,7 @@ LASTING = (
     "{p}workers",
     "{p}producers",
     "{p}open",
+    "{p}calls",
     "rq:queues",
     "rq:queue:*",
     "rq:workers",
@@ -384,6 +385,7 @@ def check_keys(conn: redis.Redis, settings: Settings, report: Report) -> None:
             elif ttl > longest_s:
                 too_long[shape] += 1
     report.figures["keys at the end"] = total
+    report.figures["lone calls left queued at the end"] = conn.llen(settings.keys.calls())
     for shape, count in sorted(unexpiring.items()):
         report.violate(f"no TTL: {count} key(s) like {shape} (e.g. {examples[shape]})")
     for shape, count in sorted(too_long.items()):
