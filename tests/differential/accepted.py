@@ -35,6 +35,19 @@ ACCEPTED: list[Accepted] = [
         "without a mount namespace a snippet's uid reads the interpreter's files only where "
         "every directory above them is world-searchable",
     ),
+    Accepted(
+        ("interpreter/modules-with-inputs",),
+        "*",
+        "a child set up in Python is cloned from an image that imported them",
+    ),
+    *(
+        Accepted(
+            ("interpreter/modules",),
+            path,  # children set up in Python (without namespaces, the C set-up is not used)
+            "a child set up in Python is cloned from an image that imported them",
+        )
+        for path in ("fork-python", "no-namespaces")
+    ),
 ]
 
 

@@ -693,3 +693,23 @@ case(
     "os.write(fd, b'raw')",
     fetch=("r.txt",),
 )
+
+# -- what the interpreter holds ------------------------------------------------------------
+
+MODULE_PROBE = (
+    "import sys\n"
+    "names = ('ctypes', '_ctypes', 'msgpack', 'asyncio', 'json')\n"
+    "print([m for m in names if m in sys.modules])"
+)
+FATAL = {
+    "segv": "import faulthandler, os, signal\nfaulthandler.enable()\n"
+    "os.kill(os.getpid(), signal.SIGSEGV)",
+    "abort": "import faulthandler, os\nfaulthandler.enable()\nos.abort()",
+    "dump": "import faulthandler\nfaulthandler.dump_traceback()",
+}
+for inputs in (False, True):  # with inputs, a snippet is cloned by another zygote
+    files = {"in.txt": b"x"} if inputs else None
+    suffix = "-with-inputs" if inputs else ""
+    case("interpreter", f"modules{suffix}", MODULE_PROBE, files=files)
+    for fname, body in FATAL.items():
+        case("interpreter", f"fatal-{fname}{suffix}", body, files=files)

@@ -171,6 +171,10 @@ def _serve() -> Iterator[Runner]:
             wait_or_kill(server.process, 30)
 
 
+# Paths that run every n-th case only: spawn mode starts an interpreter per snippet (some
+# 25 ms of CPU each), and its runtime is the fork paths' code.
+STRIDE = {"spawn": 2}
+
 PATHS: dict[str, Callable[[], AbstractContextManager[Runner]]] = {
     "fork": lambda: _local("fork"),
     "fork-python": lambda: _local("fork-python"),

@@ -66,7 +66,7 @@
 #define MT_WORDS 624
 /* Bumped whenever serve()'s arguments or what it returns change: native.py refuses a
  * stale build (an in-place .so left from an older checkout) instead of crashing. */
-#define NATIVE_ABI 8
+#define NATIVE_ABI 9
 
 #define MAX_PATHS 64
 #define MAX_RULES 256
@@ -712,12 +712,16 @@ static PyObject *say_done(PyObject *self, PyObject *arg) {
  * default: the kernel drops them, so a snippet that is its namespace's init would go on
  * after os.kill(os.getpid(), SIGTERM), signal.alarm or its CPU limit's SIGXCPU, and
  * os.abort() would end by SIGSEGV. This handler stands for the default action: in the
- * init, the done notice says the signal (the supervisor then kills it and reports it as
- * killed by that signal); in any other process (a fork) the default action itself. It
- * is set where Python's table says SIG_DFL, so signal.getsignal still says so; a handler
- * the snippet sets replaces it, as it would replace the default. */
+ * snippet's init, the done notice says the signal (the supervisor then kills it and
+ * reports it as killed by that signal); in any other process (a fork, a zygote, a
+ * context's reaper) the default action itself. It is set where Python's table says
+ * SIG_DFL, so signal.getsignal still says so; a handler the snippet sets replaces it, as
+ * it would replace the default. */
+static volatile sig_atomic_t snippet_init = 0;
+static int stand_ins_armed = 0; /* in this image: a fork inherits them, an exec does not */
+
 static void on_fatal_signal(int sig) {
-    if (getpid() == FIRST_PID) {
+    if (snippet_init && getpid() == FIRST_PID) {
         write_notice(-sig);
         _exit(128 + sig);
     }
@@ -732,38 +736,44 @@ static void on_fatal_signal(int sig) {
     raise(sig);
 }
 
-/* stand_in_for_defaults(): in a PID namespace's init (FIRST_PID) only, on_fatal_signal
- * for every signal whose default action ends the process and whose disposition is the
- * default now. Stop signals keep theirs (an init cannot be stopped from inside either).
- * Returns how many it set. */
-static PyObject *stand_in_for_defaults(PyObject *self, PyObject *unused) {
+/* arm_stand_ins(snippet): on_fatal_signal for every signal whose default action ends
+ * the process and whose disposition is the default now, once per image (a zygote arms
+ * them for all its children); ``snippet`` true: this process runs a snippet, so as its
+ * namespace's init the handler speaks for it. Stop signals keep theirs (an init cannot
+ * be stopped from inside either). Returns how many it set now. */
+static PyObject *arm_stand_ins(PyObject *self, PyObject *arg) {
     (void)self;
-    (void)unused;
+    int snippet = PyObject_IsTrue(arg);
+    if (snippet < 0)
+        return NULL;
     long set = 0;
-    if (getpid() != FIRST_PID)
-        return PyLong_FromLong(0);
-    for (int sig = 1; sig < NSIG; sig++) {
-        switch (sig) {
-        case SIGKILL: case SIGSTOP: case SIGCHLD: case SIGCONT: case SIGURG: case SIGWINCH:
-        case SIGTSTP: case SIGTTIN: case SIGTTOU:
-            continue;
-        default:
-            break;
+    if (!stand_ins_armed) {
+        stand_ins_armed = 1;
+        for (int sig = 1; sig < NSIG; sig++) {
+            switch (sig) {
+            case SIGKILL: case SIGSTOP: case SIGCHLD: case SIGCONT: case SIGURG:
+            case SIGWINCH: case SIGTSTP: case SIGTTIN: case SIGTTOU:
+                continue;
+            default:
+                break;
+            }
+            struct sigaction now;
+            if (sigaction(sig, NULL, &now) < 0 || (now.sa_flags & SA_SIGINFO) ||
+                now.sa_handler != SIG_DFL)
+                continue;
+            struct sigaction standin;
+            memset(&standin, 0, sizeof standin);
+            standin.sa_handler = on_fatal_signal;
+            sigfillset(&standin.sa_mask);
+            standin.sa_flags = SA_NODEFER;
+            if (sigaction(sig, &standin, NULL) == 0)
+                set++;
         }
-        struct sigaction now;
-        if (sigaction(sig, NULL, &now) < 0 || (now.sa_flags & SA_SIGINFO) ||
-            now.sa_handler != SIG_DFL)
-            continue;
-        struct sigaction standin;
-        memset(&standin, 0, sizeof standin);
-        standin.sa_handler = on_fatal_signal;
-        sigfillset(&standin.sa_mask);
-        standin.sa_flags = SA_NODEFER;
-        if (sigaction(sig, &standin, NULL) == 0)
-            set++;
     }
+    snippet_init = snippet;
     return PyLong_FromLong(set);
 }
+
 
 /* run_main(code, globals): evaluate ``code`` as the bottom of the Python stack, as a
  * fresh interpreter runs ``python -c``'s: no frame of the harness below it (f_back,
@@ -819,8 +829,8 @@ static PyObject *call_bare(PyObject *self, PyObject *callable) {
 static PyMethodDef methods[] = {
     {"run_main", run_main, METH_VARARGS, "Evaluate code with no harness frame below it."},
     {"call_bare", call_bare, METH_O, "Call with no harness frame below it."},
-    {"stand_in_for_defaults", stand_in_for_defaults, METH_NOARGS,
-     "In a PID namespace's init: a handler that does what the default action would."},
+    {"arm_stand_ins", arm_stand_ins, METH_O,
+     "Handlers that do what the default action would, for a snippet that is an init."},
     {"say_done", say_done, METH_O, "Tell the supervisor the snippet ended with this code."},
     {"serve", (PyCFunction)(void (*)(void))serve, METH_VARARGS | METH_KEYWORDS,
      "Run the zygote's clone loop; returns None here, a request in each child."},

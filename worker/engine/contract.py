@@ -62,7 +62,7 @@ FIRST_PID = 1
 MT_WORDS = 624
 
 # Bumped whenever _nativechild's functions change what they take or return.
-NATIVE_ABI = 8
+NATIVE_ABI = 9
 
 # The names both sides define: what CONTRACT must hold, with these values.
 SHARED = {

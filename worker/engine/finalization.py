@@ -24,6 +24,22 @@ import sys
 import types
 from typing import Any
 
+# How many collections of the two older generations had run when the snippet's
+# interpreter was prepared (note_start), in a list so that no global is rebound.
+_at_start: list[tuple[int, int]] = [(-1, -1)]
+
+
+def note_start() -> None:
+    """Called as the snippet's interpreter is prepared: what finalize's last collection
+    compares with."""
+    _at_start[0] = _collections()
+
+
+def _collections() -> tuple[int, int]:
+    stats = gc.get_stats()
+    return stats[1]["collections"], stats[2]["collections"]
+
+
 # Where the harness's own frames are: tracebacks start below them.
 _HARNESS_FILES = (__file__, __file__.replace("finalization.py", "runtime.py"))
 
@@ -147,15 +163,25 @@ def _destroy_main(fresh: Any) -> None:
     if fresh is not None and getattr(fresh, "main", None) is main:
         fresh.main = None
     if isinstance(main, types.ModuleType):
+        namespace = main.__dict__
         survivor = _weakref.ref(main)
         sys.modules["__main__"] = None  # type: ignore[assignment]
         del main
-        gc.collect()
+        # Two references (this name and the call's argument): the namespace dies now, by
+        # reference counting; more (a function's globals, a class's methods): only the
+        # collector frees it.
+        cyclic = sys.getrefcount(namespace) > 2
+        del namespace
+        if cyclic:
+            gc.collect()
         alive = survivor()
         if alive is not None:  # still referenced: cleared as Python clears such modules
             _clear_module(alive)
             del alive
-    gc.collect()
+    # The snippet's other garbage: the two youngest generations hold all of it unless a
+    # collection of the middle one moved some to the oldest meanwhile (a full collection
+    # also empties the free lists, whose pages are the zygote's: it copies each).
+    gc.collect(2 if _collections() != _at_start[0] else 1)
 
 
 def _flush_open_files() -> None:

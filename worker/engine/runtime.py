@@ -28,20 +28,18 @@ from codepool.worker.engine import contract, finalization
 
 _evaluate: Callable[[types.CodeType, dict[str, Any]], Any] | None
 _call_bare: Callable[[Callable[[], object]], object]
-_stand_in_for_defaults: Callable[[], int]
+_arm_stand_ins: Callable[[bool], int]
 try:
+    from codepool.worker.engine._nativechild import arm_stand_ins as _arm_stand_ins
     from codepool.worker.engine._nativechild import call_bare as _call_bare
     from codepool.worker.engine._nativechild import run_main as _evaluate
-    from codepool.worker.engine._nativechild import (
-        stand_in_for_defaults as _stand_in_for_defaults,
-    )
 except ImportError:  # no compiler at install time: the harness's frames show below,
     _evaluate = None  # and the signals an init is spared stay spared (README)
 
     def _call_bare(function: Callable[[], object]) -> object:
         return function()
 
-    def _stand_in_for_defaults() -> int:
+    def _arm_stand_ins(snippet: bool) -> int:
         return 0
 
 
@@ -176,12 +174,20 @@ def reference_signals() -> None:
                 _signal.signal(signum, wanted)
         except (OSError, ValueError):  # the C library's own (32, 33): never settable
             pass
+    # Handlers that stand for the default action where a snippet is its namespace's
+    # init (a zygote's are every child's: armed once, here).
+    _arm_stand_ins(False)
 
 
 def prepare(fresh: Fresh) -> None:
     """Make this process look like a fresh ``python -c`` (before the source is known)."""
     global installed
     installed = fresh
+    finalization.note_start()
+    # The harness's extension modules are no modules of the snippet's: a fatal error's
+    # "Extension modules:" line lists every one in sys.modules. Their users hold them.
+    for name in [n for n in sys.modules if n in _HARNESS_EXTENSIONS or n.startswith("msgpack")]:
+        del sys.modules[name]
     sys.stdin = sys.__stdin__ = fresh.stdin  # type: ignore[misc]
     sys.stdout = sys.__stdout__ = fresh.stdout  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = fresh.stderr  # type: ignore[misc]
@@ -277,8 +283,9 @@ def run_snippet(source: bytes, *, auto_print: bool, rich: bool = False) -> NoRet
         code = _undecodable(source)
     else:
         # The snippet is its PID namespace's init (with namespaces): signals with the
-        # default action end it as they end any process (_nativechild.c).
-        _stand_in_for_defaults()
+        # default action end it as they end any process (_nativechild.arm_stand_ins;
+        # armed in its zygote already, but for spawn mode's fresh interpreter).
+        _arm_stand_ins(True)
         code = run_main(source, sys.modules["__main__"].__dict__, auto_print=auto_print, rich=rich)
     exit_as_python(code)
 
@@ -353,6 +360,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 _MISSING = object()
+_HARNESS_EXTENSIONS = ("codepool.worker.engine._nativechild",)
 
 
 def print_exception(exc: BaseException, *, rich: bool) -> int | None:
