@@ -186,7 +186,8 @@ def measure(hosts: int, agents: int, *, seconds: float, run_ms: float, think_ms:
         deadline = time.monotonic() + 300
         while int(client.info("clients")["blocked_clients"]) < hosts:
             if time.monotonic() > deadline:
-                raise RuntimeError("the simulated hosts did not all wait on the call list")
+                blocked = client.info("clients")["blocked_clients"]
+                raise RuntimeError(f"{blocked} of {hosts} simulated hosts wait on the call list")
             time.sleep(0.2)
         idle0, idle_cpu0, t0 = redis_calls(client), redis_cpu_s(client), time.monotonic()
         time.sleep(2.5)  # the blocked fleet alone
