@@ -46,6 +46,7 @@ DEFAULT_TTL_S = 300.0  # the executors' default context_ttl_s
 REQUESTS_TTL_S = 3600  # a dead host's request list expires
 RECORD_MARGIN_S = 5  # the Redis record outlives the host's idle TTL by this much
 REBUILD_ATTEMPTS = 3  # rebuilds of one call's context, each after a fault
+REOPEN_PAUSE_S = 1.0  # between tries to open a lost context anew while no host can
 # What a Redis that restarts, loads its AOF or fails over looks like: ridden out.
 OUTAGE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 OUTAGE_PAUSE_S = 0.5
@@ -181,8 +182,11 @@ class RemoteContext:
     def _send_close(self) -> None:
         keys = self.pool.keys
         try:
+            requests_key = keys.host_requests(self.host)
             with self.pool.conn.pipeline(transaction=False) as pipe:
-                pipe.rpush(keys.host_requests(self.host), ContextRequest("close", self.id).encode())
+                pipe.rpush(requests_key, ContextRequest("close", self.id).encode())
+                # A list its host drained is made anew by this push: a dead host's expires.
+                pipe.expire(requests_key, REQUESTS_TTL_S)
                 pipe.delete(keys.context(self.id))
                 pipe.execute()
         except redis.RedisError:
@@ -258,18 +262,27 @@ class RemoteContext:
         """The context's state is lost (its host is gone or restarted, its supervisor
         died): rebuild it (None: rebuilt) or say why it cannot be. The old context is
         closed first, in case its host lives on; a rebuild that meets a fault (a host
-        lost or restarted during the replay) is tried again, REBUILD_ATTEMPTS in all."""
+        lost or restarted during the replay) is tried again, REBUILD_ATTEMPTS in all, and
+        while no host can take it (none live, or each restarting its supervisor) it
+        keeps asking, until the call's timeout and a margin have passed."""
         lost_host = self.host
         if not self.rebuild:
             self.ended = f"the context was lost with its host {lost_host}"
             return not_run("infra", f"codepool: {self.ended}")
+        give_up = time.monotonic() + timeout_s + REPLY_MARGIN_S
         for _ in range(REBUILD_ATTEMPTS):
             self._send_close()  # its host's requests run in order: before the reopen
-            try:
-                self.host, self.ttl_s = self._reopen(lost_host)
-            except CodepoolError as exc:
-                self.ended = f"its host {lost_host} was lost and no host could take it: {exc}"
-                return not_run("infra", f"codepool: {self.ended}")
+            while True:
+                try:
+                    self.host, self.ttl_s = self._reopen(lost_host)
+                    break
+                except CodepoolError as exc:
+                    if time.monotonic() >= give_up:
+                        self.ended = (
+                            f"its host {lost_host} was lost and no host could take it: {exc}"
+                        )
+                        return not_run("infra", f"codepool: {self.ended}")
+                    time.sleep(REOPEN_PAUSE_S)
             self._record()
             replayed = self._replay(timeout_s)
             if replayed is None:

@@ -10,6 +10,7 @@ import signal
 
 from codepool.ops.bench.process_tree import descendants, worker_role
 from codepool.producer import CodePool
+from codepool.producer.context import host_lives
 from tests.conftest import StartWorker, wait_until
 from tests.reliability.test_worker_loss import _kill_host
 
@@ -80,6 +81,40 @@ def test_a_call_in_flight_when_the_supervisor_dies_is_rebuilt_and_run(
         during = ctx.run_code("import time\ntime.sleep(3)\nprint(z * 21)")
         killer.join()
         assert (during.status, during.stdout, during.rebuilt) == ("ok", "42\n", True), during
+        ctx.close()
+    finally:
+        pool.close()
+
+
+def test_a_rebuild_waits_for_a_host_that_can_take_it(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """The context's only host is killed; another starts only while the next call is
+    already rebuilding: the rebuild keeps asking (within the call's timeout and a
+    margin) instead of giving up at once with "no live worker host". The dead host's
+    request list, made anew by the rebuild's close, expires (before: no TTL)."""
+    import threading
+
+    import redis
+
+    from codepool.common.keys import Keys
+
+    first = start_worker(name="only")
+    pool = CodePool(redis_url)
+    try:
+        ctx = pool.context(timeout_s=10.0)
+        assert ctx.run_code("w = 3").ok
+        _kill_host(first)
+        wait_until(lambda: not host_lives(pool, "only"), timeout_s=30, what="its lease lapsed")
+        later = threading.Timer(1.0, lambda: start_worker(name="next", wait=False))
+        later.start()
+        after = ctx.run_code("print(w * 14)")
+        later.join()
+        assert (after.status, after.stdout, after.rebuilt) == ("ok", "42\n", True), after
+        assert ctx.host == "next"
+        client = redis.Redis.from_url(redis_url)
+        assert client.ttl(Keys().host_requests("only")) > 0
+        client.close()
         ctx.close()
     finally:
         pool.close()
