@@ -88,9 +88,11 @@ shm.close()
 libc.sem_close(ctypes.c_void_p(libc.sem_open({sem!r}, os.O_CREAT | os.O_EXCL, 0o600, 1)))
 print(shm.name, {sem!r}.decode())
 signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR1}})
-# A handler, though sigwait takes the signal first: the mark that A is ready (SigCgt in
-# /proc/PID/status; blocked shows nothing meanwhile, a wait unblocks what it waits for).
+# A handler for SIGWINCH, which nothing else here catches: the mark that A is ready
+# (SigCgt in /proc/PID/status; blocked shows nothing meanwhile, a wait unblocks what it
+# waits for; SIGUSR1 shows as caught in every child, its default action's stand-in).
 signal.signal(signal.SIGUSR1, lambda *_: None)
+signal.signal(signal.SIGWINCH, lambda *_: None)
 signal.sigwait({{signal.SIGUSR1}})
 again = shared_memory.SharedMemory(name={shm!r})
 print(bytes(again.buf[:6]).decode())
@@ -159,7 +161,8 @@ def wait_until(check, timeout_s=10.0):
 
 
 def ready_for_usr1(supervisor):
-    """The snippet process below the supervisor that handles SIGUSR1: A, about to wait."""
+    """The snippet process below the supervisor that handles SIGWINCH: A, about to wait
+    for SIGUSR1."""
     with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
         children = f.read().split()
     for pid in children:
@@ -168,7 +171,7 @@ def ready_for_usr1(supervisor):
                 caught = [l for l in f if l.startswith("SigCgt:")][0].split()[1]
         except (OSError, IndexError):
             continue
-        if int(caught, 16) & 1 << (signal.SIGUSR1 - 1):
+        if int(caught, 16) & 1 << (signal.SIGWINCH - 1):
             return int(pid)
     return None
 
