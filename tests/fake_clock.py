@@ -15,9 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import redis
 
 from codepool.ops.redis_server import RedisServer
 from codepool.ops.server_binary import ServerBinary, wheel_binary
+from tests.conftest import wait_until
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -28,6 +30,7 @@ class FakeClock:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset_s = 0.0
+        self.url = ""  # the server's, once started
         self.set(0.0)
 
     def set(self, offset_s: float) -> None:
@@ -37,7 +40,21 @@ class FakeClock:
         tmp.replace(self.path)  # read whole on every call: never half-written
 
     def jump(self, by_s: float) -> None:
-        self.set(self.offset_s + by_s)
+        """Step the clock by ``by_s`` and return once the server's TIME shows it
+        (libfaketime reads the file again only every second or so)."""
+        conn = redis.Redis.from_url(self.url)
+        try:
+            seconds, micros = conn.time()
+            was = seconds + micros / 1e6
+            self.set(self.offset_s + by_s)
+
+            def stepped() -> bool:
+                seconds, micros = conn.time()
+                return seconds + micros / 1e6 - was >= by_s
+
+            wait_until(stepped, 15.0, what=f"the server's clock {by_s:+.0f} s")
+        finally:
+            conn.close()
 
 
 @contextmanager
@@ -65,6 +82,7 @@ def redis_with_fake_clock(where: Path) -> Iterator[tuple[RedisServer, FakeClock]
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+    clock.url = server.url
     try:
         yield server, clock
     finally:

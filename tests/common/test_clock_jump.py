@@ -41,9 +41,7 @@ def test_a_jump_of_redis_time_does_not_cancel_a_live_producers_batch(tmp_path: P
         _looking_for(watcher, 1.5 * LEASE_S)  # in contact for a lease: lapses trusted
         state = settings.keys.batch_state(batch.id)
         assert conn.hget(state, "cancelled") is None
-        before = float(conn.time()[0])
-        clock.jump(10 * LEASE_S)
-        assert float(conn.time()[0]) - before >= 10 * LEASE_S - 1
+        clock.jump(10 * LEASE_S)  # returns once Redis's TIME shows it
         _looking_for(watcher, 2 * LEASE_S)
         assert conn.hget(state, "cancelled") is None, "a live producer's batch was cancelled"
         # A producer that stops beating is found lapsed once the lease of distrust is over.
