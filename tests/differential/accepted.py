@@ -51,6 +51,40 @@ ACCEPTED: list[Accepted] = [
 ]
 
 
+# A context call is an interactive statement, not a process's end
+# (docs/contexts-and-cells.md says each).
+ACCEPTED += [
+    Accepted(
+        (
+            "finalisation/*",
+            "files/left-open-*",
+            "files/in-func-*",
+            "files/buffered-big-*",
+            "forks/fork-atexit",
+            "threads/non-daemon-after-*",
+            "threads/executor-unjoined",
+            "threads/atexit-in-thread-order",
+        ),
+        "context-*",
+        "a context call ends as an interactive statement does: the session's objects, open "
+        "files, threads and atexit hooks live on, and there is no exit status 120",
+    ),
+    Accepted(
+        ("interpreter/modules*", "interpreter/fatal-segv*", "interpreter/fatal-abort*"),
+        "context-*",
+        "a context's interpreter is cloned from the preloading image, set up in Python: "
+        "numpy (listed in a fatal error's extension modules), ctypes and json are in "
+        "sys.modules",
+    ),
+    Accepted(
+        ("files/*-os-exit",),
+        "context-*",
+        "a context call takes no files: the differential reads them back with a later call, "
+        "which a call that ended its interpreter does not leave",
+    ),
+]
+
+
 def accepted(case: str, path: str) -> Accepted | None:
     for entry in ACCEPTED:
         if entry.covers(case, path):

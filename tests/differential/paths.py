@@ -183,3 +183,18 @@ PATHS: dict[str, Callable[[], AbstractContextManager[Runner]]] = {
     "redis": _through_redis,
     "serve": _serve,
 }
+
+
+def _context(how: str) -> AbstractContextManager[Runner]:
+    from tests.differential.context_paths import context_path
+
+    return context_path(how)
+
+
+PATHS.update(
+    {
+        "context-first": lambda: _context("first"),
+        "context-later": lambda: _context("later"),
+        "context-fork": lambda: _context("fork"),
+    }
+)

@@ -96,6 +96,7 @@ class _Interpreter:
         self.reseed = reseed
         self.control = socket.socket(fileno=REQUEST_FD)
         self.main = sys.modules["__main__"].__dict__
+        _ORIGINAL[:] = [sys.stdout, sys.stderr]
         self.spare = context_spare.Spare()
         self._enter_dir(None)
 
@@ -161,9 +162,13 @@ class _Interpreter:
             runtime.remember_source(FILENAME, code)
         sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", os.fsdecode(code)]
         me = os.getpid()
-        rc = runtime.run_main(
-            code, self.main, auto_print=bool(flags & contract.FLAG_AUTO_PRINT), rich=rich
-        )
+        try:
+            code.decode("utf-8")
+        except UnicodeDecodeError:  # a lone surrogate: worded as python -c words it
+            rc = runtime._undecodable(code)
+        else:
+            auto_print = bool(flags & contract.FLAG_AUTO_PRINT)
+            rc = runtime.run_main(code, self.main, auto_print=auto_print, rich=rich)
         if os.getpid() != me:
             # A process the call forked, done with its copy of the code: it ends as it
             # would under ``python -c``; only the interpreter answers the call.
@@ -278,8 +283,19 @@ def _cpu_s() -> float:
 
 
 def _flush() -> None:
-    for name in ("stdout", "stderr"):
+    """The streams, as an interactive interpreter flushes them after a statement, and
+    the ones Python made (what was printed before the call rebound ``sys.stdout`` is
+    this call's output, not a later one's)."""
+    for name in ("stdout", "stderr", "__stdout__", "__stderr__"):
         try:
             getattr(sys, name).flush()
         except Exception:  # the user may have closed, replaced or deleted it
             pass
+    for stream in _ORIGINAL:
+        try:
+            stream.flush()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+
+_ORIGINAL: list[object] = []  # the child's streams, as runtime.prepare installed them
