@@ -30,7 +30,7 @@ from tests.processes import still_running, tree
 
 # Beyond the drain deadline: the interpreter's own exit and a loaded machine's
 # scheduling, not work of the worker's (nothing it does waits past the deadline).
-MARGIN_S = 1.5
+MARGIN_S = 2.5
 # The deadline the orphaned workers below are given (the flag obeyed); the mid-batch
 # test keeps the default a user gets (DEFAULT_DRAIN_S).
 DRAIN_S = 3.0
