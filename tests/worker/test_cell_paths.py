@@ -157,3 +157,12 @@ def test_hostile_snippets_are_contained_in_cells(executor: LocalExecutor) -> Non
         pytest.skip("the corpus expects a PID namespace, as on test_hostile_paths' paths")
     check_notebooks(_notebooks(lambda notebooks, t: executor.run_many(notebooks, timeout_s=t)))
     assert_nothing_left(executor)
+
+
+def test_a_signal_a_cell_sends_itself_acts_as_on_any_process(executor: LocalExecutor) -> None:
+    # The cell runner is its namespace's init, as a snippet is: without the snippet's
+    # stand-in handlers the kernel dropped the signal and the notebook went on.
+    code = "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nprint('not reached')"
+    r = executor.run("", cells=["print('first')", code, "print('next')"], timeout_s=10.0)
+    assert (r.status, r.returncode) == ("signal", -15), r
+    assert [c["stdout"] for c in r.cells] == ["first\n"]

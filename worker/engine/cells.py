@@ -48,6 +48,9 @@ def run_cells(
 ) -> NoReturn:
     assert record_fd is not None
     runner = os.getpid()  # only this process writes records (never what a cell forks)
+    # Its namespace's init, as a snippet's first process: signals with the default action
+    # end it as they end any process (runtime.run_snippet says the same).
+    runtime._arm_stand_ins(True)
     main = sys.modules["__main__"]
     if cell_timeout_s is not None:
         signal.signal(signal.SIGALRM, _on_alarm(cell_timeout_s))
