@@ -166,3 +166,17 @@ def test_a_signal_a_cell_sends_itself_acts_as_on_any_process(executor: LocalExec
     r = executor.run("", cells=["print('first')", code, "print('next')"], timeout_s=10.0)
     assert (r.status, r.returncode) == ("signal", -15), r
     assert [c["stdout"] for c in r.cells] == ["first\n"]
+
+
+def test_what_a_cell_printed_before_rebinding_stdout_is_its_own(executor: LocalExecutor) -> None:
+    # It turned up in no record (Python's stdout was never flushed after the rebind), and
+    # a cell that deleted sys.stdout made the runner fail with its own frames, rc 1.
+    rebind = "import sys\nprint('before')\nsys.stdout = sys.stderr\nprint('after')"
+    r = executor.run("", cells=[rebind, "print('next')"], timeout_s=10.0)
+    assert [(c["stdout"], c["stderr"]) for c in r.cells] == [
+        ("before\n", "after\n"),
+        ("", "next\n"),
+    ]
+    r = executor.run("", cells=["import sys\nprint('kept')\ndel sys.stdout"], timeout_s=10.0)
+    assert (r.status, r.returncode, r.cells[0]["stdout"]) == ("ok", 0, "kept\n"), r
+    assert "zygote.py" not in r.stderr

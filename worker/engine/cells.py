@@ -48,6 +48,7 @@ def run_cells(
 ) -> NoReturn:
     assert record_fd is not None
     runner = os.getpid()  # only this process writes records (never what a cell forks)
+    streams = (sys.stdout, sys.stderr)  # Python's, whatever a cell rebinds
     # Its namespace's init, as a snippet's first process: signals with the default action
     # end it as they end any process (runtime.run_snippet says the same).
     runtime._arm_stand_ins(True)
@@ -82,6 +83,11 @@ def run_cells(
             error = _error(exc)
         if os.getpid() != runner:
             _end_fork(None)
+        for stream in streams:  # what a cell printed before it rebound sys.stdout is its own
+            try:
+                stream.flush()
+            except Exception:  # closed by the cell
+                pass
         _record(record_fd, display, error)
     finish_threads_and_atexit()
     finish(0)
@@ -130,8 +136,8 @@ def _position(fd: int, stream: Any) -> int:
 
 def _record(record_fd: int, display: str | None, error: dict[str, Any] | None) -> None:
     record: dict[str, Any] = {
-        "out": _position(1, sys.stdout),
-        "err": _position(2, sys.stderr),
+        "out": _position(1, getattr(sys, "stdout", None)),  # a cell may delete them
+        "err": _position(2, getattr(sys, "stderr", None)),
         "error": error,
     }
     if display is not None:
