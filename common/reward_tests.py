@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codepool.common import fork_harness
+from codepool.common import fork_harness, harness_procs
 from codepool.common.errors import ConfigError
 from codepool.common.observation import decode_tail
 from codepool.common.result import ExecResult, infra
@@ -45,7 +45,20 @@ DEFAULT_TIMEOUT_S = 10.0
 # no time for go out in another snippet.
 MAX_ROUND_S = 30.0
 ROUND_MARGIN_S = 2.0
-HARNESS_SOURCE = Path(fork_harness.__file__).read_text(encoding="utf-8")
+
+
+def _harness_source() -> str:
+    """The harness snippet: harness_procs.py's source, then fork_harness.py's without
+    its import of it (or its own ``__future__`` import)."""
+    procs = Path(harness_procs.__file__).read_text(encoding="utf-8")
+    main = Path(fork_harness.__file__).read_text(encoding="utf-8")
+    start = main.index("from codepool.common.harness_procs import (")
+    end = main.index(")\n", start) + 2
+    main = (main[:start] + main[end:]).replace("from __future__ import annotations\n", "", 1)
+    return procs + "\n\n" + main
+
+
+HARNESS_SOURCE = _harness_source()
 
 Run = Callable[..., ExecResult]
 ARun = Callable[..., Awaitable[ExecResult]]
@@ -170,7 +183,9 @@ class TestPlan:
             files={fork_harness.SPEC_PATH: json.dumps(spec)},
             fetch_files=[fork_harness.RESULTS_PATH],
         )
-        return [(snippet, {**self.limits, "timeout_s": round_s})]
+        # Room on its stdout for a digest line per case.
+        digests = max(int(self.limits.get("max_output_chars", 4096)), 64 * len(left) + 256)
+        return [(snippet, {**self.limits, "timeout_s": round_s, "max_output_chars": digests})]
 
     def take(self, results: Sequence[ExecResult]) -> None:
         """The results of the calls ``next_calls`` gave, in order."""
@@ -272,14 +287,23 @@ def _routing_hint(source: str, cases: list[Case]) -> str:
 
 
 def _result_lines(harness: ExecResult) -> list[dict[str, Any]]:
+    """The harness's result lines that its own stdout vouches for (a digest of each):
+    a line written by anything else in the sandbox is not taken (its case runs again)."""
+    vouched: dict[int, str] = {}
+    for said in harness.stdout.splitlines():
+        words = said.split()
+        if len(words) == 3 and words[0] == harness_procs.DIGEST_TAG.decode() and words[1].isdigit():
+            vouched[int(words[1])] = words[2]
     data = harness.files.get(fork_harness.RESULTS_PATH, b"")
     lines = []
-    for raw in data.splitlines():
+    for raw in data.splitlines(keepends=True):
         try:
             line = json.loads(raw)
         except ValueError:
             continue  # a line cut by the harness's own end
-        if isinstance(line, dict):
+        if not isinstance(line, dict) or not isinstance(line.get("i"), int):
+            continue
+        if vouched.get(line["i"]) == harness_procs.digest(raw):
             lines.append(line)
     return lines
 
