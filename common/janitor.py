@@ -16,7 +16,7 @@ from typing import cast
 
 import redis
 
-from codepool.common import failover
+from codepool.common import failover, lone_counts
 from codepool.common.cancellation import PRODUCER_LOST_MESSAGE, cancel
 from codepool.common.codec import MsgpackSerializer
 from codepool.common.ledger import (
@@ -171,6 +171,7 @@ class Janitor:
         start = start_of(name)
         if start:
             requeue_host_calls(self.conn, keys, start, janitor=self.name)
+            lone_counts.fold(self.conn, keys, start)  # the counts of what it answered
         if owners:
             log.warning(
                 "janitor %s: worker host %s lapsed; released %d snippets of its %d dispatchers",

@@ -89,6 +89,11 @@ class Keys:
         of that start."""
         return f"{self.prefix}host:{start}:calls"
 
+    def host_call_counts(self, start: str) -> str:
+        """List: what a worker host's start's lone-call replies add to the counters,
+        pushed with the replies and not yet folded in (common/lone_counts.py)."""
+        return f"{self.prefix}host:{start}:call-counts"
+
     def inbox(self, producer: str) -> str:
         """List: replies to one producer's lone calls (msgpack ``[call id, result]``),
         popped by its one reader thread; expires when nobody reads it."""

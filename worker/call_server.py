@@ -5,8 +5,10 @@ One thread takes calls: while the host has a free slot for one (or PREFETCH more
 moves the oldest waiting call onto the host's in-flight list (an idle host costs Redis
 one command every BLOCK_S). Each call goes to the executor without waiting for it; its
 reply goes out from one writer thread, which in one round trip pushes what finished
-meanwhile to its producers' inboxes and takes it off the in-flight list. Counters are
-added up here and written at most once a FLUSH_S. A third thread hears cancellations
+meanwhile to its producers' inboxes and takes it off the in-flight list. What those
+replies add to the counters goes in the same round trip, onto the start's pending list
+(common/lone_counts.py), folded into the counters at most once a FLUSH_S (or by a
+janitor if the host dies first). A third thread hears cancellations
 (pub/sub) and kills the call it names if it runs here.
 
 Stopping: ``halt`` (the host's first signal) takes no more calls; ``stop`` waits for
@@ -21,13 +23,12 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, defaultdict
 from concurrent.futures import Future
 from typing import Any, cast
 
 import redis
 
-from codepool.common import counters
+from codepool.common import lone_counts
 from codepool.common.connection import redis_client
 from codepool.common.errors import CodepoolError, ConfigError, WireError
 from codepool.common.limits import Limits
@@ -35,7 +36,6 @@ from codepool.common.lone_calls import INBOX_TTL_S, LoneCall, encode_reply
 from codepool.common.result import CANCELLED, ExecResult, infra, rejected
 from codepool.common.settings import Settings
 from codepool.common.snippet import Snippet
-from codepool.common.tally import count_hashes
 from codepool.worker.engine.executor import LocalExecutor
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,9 @@ class CallServer:
         self.executor = executor
         self.host = host
         self.inflight_key = self.keys.host_calls(start or host)
+        self.start_name = start or host
+        self.counts_key = self.keys.host_call_counts(self.start_name)
+        self._unfolded = False  # counts pushed since the last fold (writer thread only)
         # Its host's watcher follows a Sentinel's primary for them (worker/host.py).
         self._taker_conn = redis_client(settings, block_s=BLOCK_S, watch_s=None)
         self.conn = redis_client(settings, watch_s=None)
@@ -78,7 +81,6 @@ class CallServer:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)  # by run tag
         self._halted = threading.Event()
         self._abandoned = False  # past the drain: results are not written any more
         self._threads = [
@@ -114,6 +116,10 @@ class CallServer:
             left = len(self._running)
         self._replies.put(_STOP)
         self._threads[1].join(timeout=5)
+        try:
+            lone_counts.fold(self.conn, self.keys, self.start_name)
+        except redis.RedisError as exc:  # a janitor folds them when the lease lapses
+            log.warning("worker %s: lone call counts wait for the janitor: %s", self.host, exc)
         try:
             # What this host still holds goes back first in line, in its order.
             moved = 0
@@ -199,12 +205,6 @@ class CallServer:
         with self._idle:
             self._running.pop(call.id, None)
             abandoned = self._abandoned
-            if not abandoned:
-                tally = self._counts[call.run]
-                if result.status == CANCELLED:
-                    tally[CANCELLED] += 1
-                else:
-                    tally.update(counters.count(result))
             self._idle.notify_all()
         self._room.release()
         if not abandoned:  # else it goes back on the call list with the stop
@@ -227,17 +227,22 @@ class CallServer:
                 pass
             stopping = _STOP in batch
             now = time.monotonic()
-            with self._lock:
-                counts = None
-                if now >= flush_at or stopping or _FLUSH in batch:
-                    counts, self._counts = self._counts, defaultdict(Counter)
-                    flush_at = now + FLUSH_S
-            self._send([item for item in batch if item is not _STOP and item is not _FLUSH], counts)
+            due = now >= flush_at or stopping or _FLUSH in batch
+            if due:
+                flush_at = now + FLUSH_S
+            self._send([item for item in batch if item is not _STOP and item is not _FLUSH], due)
 
-    def _send(self, replies: list[Any], counts: dict[str, Counter[str]] | None) -> None:
-        if not replies and not counts:
+    def _send(self, replies: list[Any], due: bool) -> None:
+        """Push ``replies`` with their counts; ``due``: fold the pending counts too."""
+        if not replies and not (due and self._unfolded):
             return
         inboxes: set[str] = set()
+        pending = lone_counts.entries(
+            self.keys,
+            self.host,
+            ((call.run, result) for call, _, result in replies if call is not None),
+            minute_ttl_s=self.settings.minute_stats_ttl_s,
+        )
         try:
             with self.conn.pipeline(transaction=False) as pipe:
                 for call, raw, result in replies:
@@ -249,15 +254,23 @@ class CallServer:
                 # push made it anew without one (docs/chaos.md, finding 3).
                 for inbox in inboxes:
                     pipe.expire(inbox, INBOX_TTL_S)
-                for run, tally in (counts or {}).items():
-                    hashes = count_hashes(self.keys, self.host, run)
-                    for key in hashes:
-                        for name, value in tally.items():
-                            if value:
-                                pipe.hincrby(key, name, value)
-                    pipe.expire(hashes[1], self.settings.minute_stats_ttl_s)
+                # The counts ride with the replies: a kill -9 after this round trip
+                # loses none of them (docs/chaos.md, finding 5).
+                if pending:
+                    pipe.rpush(self.counts_key, *pending)
+                fold = due and (self._unfolded or bool(pending))
+                if fold:
+                    lone_counts.fold_script.queue(pipe, [self.counts_key], [])
                 pipe.execute()
+            self._unfolded = (self._unfolded or bool(pending)) and not fold
+        except redis.exceptions.NoScriptError:  # a restarted Redis: the rest went
+            self._unfolded = True
+            try:
+                lone_counts.fold_script.load(self.conn)
+            except redis.RedisError:
+                pass
         except redis.RedisError as exc:
+            self._unfolded = True  # some of it may have gone
             # The calls stay on the in-flight list: if the host lapses, they run again.
             log.warning("worker %s: %d lone call replies lost: %s", self.host, len(replies), exc)
 

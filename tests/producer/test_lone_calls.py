@@ -106,6 +106,32 @@ def test_a_lone_call_whose_host_is_killed_runs_again_elsewhere_once(
         assert sandbox.pool.calls.waiting() == 0
 
 
+def test_a_host_killed_right_after_answering_loses_no_count(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """docs/chaos.md, finding 5: the counts ride with the replies. Before, they were
+    written once a second, and a kill -9 lost those of the calls last answered (this
+    test failed so: the counters never reached 21)."""
+    keys = Keys()
+    client = redis.Redis.from_url(redis_url)
+    doomed = start_worker(concurrency=2, name="doomed")
+    with RemoteSandbox(redis_url, timeout=10.0, run="counted") as sandbox:
+        results = [sandbox.run_code(f"print({i})") for i in range(21)]
+        _kill_host(doomed)  # within a second of its last answers
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(21)]
+        assert {r.worker for r in results} == {"doomed"}
+        start_worker(concurrency=1, name="janitor")  # the lapsed host's janitor
+
+        def counted() -> bool:
+            return sandbox.pool.counters("counted").get("calls", 0) >= 21
+
+        wait_until(counted, timeout_s=30, what="the killed host's answers counted")
+        seen = sandbox.pool.counters("counted")
+        assert (seen["calls"], seen["ok"]) == (21, 21), seen
+        assert sandbox.pool.counters()["calls"] == 21
+        assert client.keys(keys.host_call_counts("*")) == []  # folded, none left
+
+
 def _in_flight(client: redis.Redis, host: str) -> str:
     """The list of ``host``'s latest start's lone calls in flight (worker/lease.py)."""
     lease = client.get(Keys().host_start(host))

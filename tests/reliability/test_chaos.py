@@ -16,10 +16,8 @@ SEED = 30
 # today's code (docs/chaos.md, "Findings"); its owner adds it here with the fix.
 KINDS = ("host_kill", "dispatcher_kill", "zygote_kill", "producer_kill", "client_disconnect")
 # Violations of findings open on today's code (docs/chaos.md, "Findings"), let through
-# here until their fixes land: a worker host's call server pushes a lone call's reply at
-# once but flushes its counts once a second, so a host killed -9 loses the counts of
-# results its callers got (finding 5).
-OPEN_FINDINGS = ("lone counters: ",)
+# here until their fixes land (none now: finding 5's lone counters ride with the replies).
+OPEN_FINDINGS: tuple[str, ...] = ()
 
 
 @pytest.mark.timeout(360)
