@@ -180,3 +180,20 @@ def test_what_a_cell_printed_before_rebinding_stdout_is_its_own(executor: LocalE
     r = executor.run("", cells=["import sys\nprint('kept')\ndel sys.stdout"], timeout_s=10.0)
     assert (r.status, r.returncode, r.cells[0]["stdout"]) == ("ok", 0, "kept\n"), r
     assert "zygote.py" not in r.stderr
+
+
+def test_a_cells_error_is_printed_as_python_prints_a_snippets(executor: LocalExecutor) -> None:
+    # It was formatted by the traceback module: the cell's own sys.excepthook was never
+    # called, and on Python 3.11 "Did you mean" was missing.
+    hook = "import sys\nsys.excepthook = lambda t, v, tb: print('hook:', v, file=sys.stderr)\n"
+    cells = [hook + "1/0", "prnt(1)", "import sys\nsys.excepthook = sys.__excepthook__", "prnt(1)"]
+    r = executor.run("", cells=cells, timeout_s=10.0)
+    assert r.ok and len(r.cells) == 4, r
+    assert [c["error"][0]["traceback"] for c in r.cells[:2]] == [
+        ["hook: division by zero"],
+        ["hook: name 'prnt' is not defined"],
+    ]
+    snippet = executor.run("prnt(1)", timeout_s=10.0)
+    want = snippet.stderr.replace('"<sandbox>"', '"<cell 4>"').splitlines()
+    assert r.cells[3]["error"][0]["traceback"] == want
+    assert r.cells[3]["error"][0]["traceback"][-1].endswith("Did you mean: 'print'?")

@@ -12,6 +12,7 @@ slices the output streams by those offsets (see readback.py). A cell that outliv
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -80,7 +81,7 @@ def run_cells(
         except BaseException as exc:  # SystemExit too: a kernel reports it and goes on
             if os.getpid() != runner:
                 _end_fork(exc)
-            error = _error(exc)
+            error = _error(exc, name, rich=rich)
         if os.getpid() != runner:
             _end_fork(None)
         for stream in streams:  # what a cell printed before it rebound sys.stdout is its own
@@ -116,11 +117,43 @@ def _on_alarm(cell_timeout_s: float) -> Any:
     return handler
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    text = format_exception(exc, lambda filename: filename.startswith("<cell "))
-    lines = text.rstrip("\n").split("\n")[-MAX_TRACEBACK_LINES:]
+def _error(exc: BaseException, name: str, *, rich: bool) -> dict[str, Any]:
+    """The record's error: its traceback lines are what Python's PyErr_Print would have
+    printed on stderr (runtime.print_exception: through ``sys.excepthook``, "Did you
+    mean" included), taken from the cell's own ``sys.stderr`` for the time of the call."""
+    if isinstance(exc, (CellTimeout, SystemExit)):  # the runner's own; not printed by Python
+        text = format_exception(exc, lambda filename: filename.startswith("<cell "))
+    else:
+        text = _printed(exc, name, rich=rich)
+    lines = text.rstrip("\n").split("\n")[-MAX_TRACEBACK_LINES:] if text else []
     ename = "TimeoutError" if isinstance(exc, CellTimeout) else type(exc).__name__
-    return {"ename": ename, "evalue": str(exc)[-MAX_RECORD_CHARS:], "traceback": lines}
+    return {"ename": ename, "evalue": _evalue(exc)[-MAX_RECORD_CHARS:], "traceback": lines}
+
+
+def _printed(exc: BaseException, name: str, *, rich: bool) -> str:
+    said = io.StringIO()
+    before = sys.__dict__.get("stderr", _MISSING)
+    sys.stderr = said
+    try:
+        runtime.print_exception(exc, rich=rich, filename=name)
+    except BaseException:  # what PyErr_Print could not print is not printed
+        pass
+    finally:
+        if before is _MISSING:
+            del sys.stderr
+        else:
+            sys.stderr = before
+    return said.getvalue()
+
+
+def _evalue(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # as Python's display: <exception str() failed>
+        return "<exception str() failed>"
+
+
+_MISSING = object()
 
 
 def _position(fd: int, stream: Any) -> int:

@@ -363,13 +363,14 @@ _MISSING = object()
 _HARNESS_EXTENSIONS = ("codepool.worker.engine._nativechild",)
 
 
-def print_exception(exc: BaseException, *, rich: bool) -> int | None:
+def print_exception(exc: BaseException, *, rich: bool, filename: str = FILENAME) -> int | None:
     """As Python prints an unhandled error: through ``sys.excepthook``, from the
-    snippet's first frame. ``rich``: with source lines and markers, unless the snippet
-    set a hook of its own. Returns the exit status when the hook raised SystemExit (it
-    ends the process there, as Python's does), else None."""
+    snippet's first frame (the first in ``filename``; a notebook cell's own). ``rich``:
+    with source lines and markers, unless the snippet set a hook of its own. Returns the
+    exit status when the hook raised SystemExit (it ends the process there, as Python's
+    does), else None."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
         tb = tb.tb_next
     exc.__traceback__ = tb  # what the interpreter's display shows, whatever it is passed
     # As PyErr_Print: what pdb.pm() reads (a context's next call; an atexit hook).
@@ -382,7 +383,7 @@ def print_exception(exc: BaseException, *, rich: bool) -> int | None:
         sys.__excepthook__(type(exc), exc, tb)
         return None
     if rich and hook is sys.__excepthook__ and getattr(sys, "stderr", None) is not None:
-        sys.stderr.write(_with_suggestion(format_exception(exc, FILENAME.__eq__), exc, tb))
+        sys.stderr.write(_with_suggestion(format_exception(exc, filename.__eq__), exc, tb))
         return None
     try:
         hook(type(exc), exc, tb)  # type: ignore[operator]
