@@ -64,6 +64,7 @@ from codepool.common.harness_procs import (  # harness: inlined
     _publish,
     _status_fields,
     _StdinGuard,
+    _still_running,
     _Tail,
     _wire,
     digest,
@@ -374,7 +375,7 @@ class Harness:
             sys.stderr.flush()
         except BaseException:
             os._exit(0)
-        if _StdinGuard.touched or _harness_needs() != needed:
+        if _StdinGuard.touched or _harness_needs() != needed or _still_running():
             os._exit(0)
         gc.freeze()  # the forks then copy fewer pages
         control.sendall(b"R")

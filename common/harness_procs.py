@@ -246,6 +246,19 @@ def _is_case(pid: Any, parents: tuple[int, ...]) -> bool:
         return False
 
 
+def _still_running() -> bool:
+    """Whether a load left code of its own running in the template: a thread, or an
+    interval timer (its handler would run between cases). Such a program makes no
+    template (its cases run plain) rather than spend several cases' time on one."""
+    timers = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+    if any(signal.getitimer(timer) != (0.0, 0.0) for timer in timers):
+        return True
+    try:
+        return len(os.listdir("/proc/self/task")) > 1
+    except OSError:
+        return False
+
+
 def _end_descendants() -> None:
     """Kill and reap every process below the harness (orphans come to it: it is their
     subreaper), until it has no child left."""

@@ -145,3 +145,25 @@ def test_a_load_cannot_forge_a_verdict(executor: LocalExecutor, attack: str) -> 
     candidate = attacker(attack) + "solve()\ndef solve():\n    return 0\n"
     results = run_tests(executor.run, candidate, CASES, timeout_s=3.0)
     assert PASSED not in [r.verdict for r in results], attack
+
+
+THREAD = (
+    "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+)
+TIMER = (
+    "import signal\nsignal.signal(signal.SIGALRM, lambda *a: None)\n"
+    "signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)\n"
+)
+
+
+@pytest.mark.parametrize("load", [THREAD, TIMER], ids=["thread", "timer"])
+def test_a_load_that_leaves_code_running_makes_no_template(
+    executor: LocalExecutor, load: str
+) -> None:
+    """A thread or timer left by the load would run in the template between cases, with
+    other cases' time: such a program's cases run plain, with a plain run's verdicts."""
+    candidate = load + "def add(a, b):\n    return a + b\n"
+    cases = [Case("assert add(1, 2) == 3"), Case("print(add(2, 2))", expected_stdout="5")]
+    results = run_tests(executor.run, candidate, cases, timeout_s=3.0)
+    assert [r.verdict for r in results] == [PASSED, "wrong_answer"]
+    assert not any(r.forked for r in results)
