@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 BLOCK_S = 10
 FLUSH_S = 1.0
+RESEND_S = 0.5  # replies a write could not send are sent again this often
 PREFETCH = 1  # calls taken beyond the host's slots
 _STOP = object()
 _FLUSH = object()  # counts go out with the next write, not after FLUSH_S
@@ -217,10 +218,14 @@ class CallServer:
     def _write(self) -> None:
         flush_at = time.monotonic() + FLUSH_S
         stopping = False
+        unsent: list[Any] = []  # replies a write could not send: sent again until they go
         while not stopping:
             batch: list[Any] = []
+            wait_s = flush_at - time.monotonic()
+            if unsent:
+                wait_s = min(wait_s, RESEND_S)
             try:
-                batch.append(self._replies.get(timeout=max(0.0, flush_at - time.monotonic())))
+                batch.append(self._replies.get(timeout=max(0.0, wait_s)))
                 while True:  # what finished meanwhile goes in the same round trip
                     batch.append(self._replies.get_nowait())
             except queue.Empty:
@@ -230,12 +235,17 @@ class CallServer:
             due = now >= flush_at or stopping or _FLUSH in batch
             if due:
                 flush_at = now + FLUSH_S
-            self._send([item for item in batch if item is not _STOP and item is not _FLUSH], due)
+            replies = unsent + [item for item in batch if item is not _STOP and item is not _FLUSH]
+            unsent = [] if self._send(replies, due) else replies
+            if unsent and not stopping:
+                time.sleep(RESEND_S / 5)  # not a busy loop while Redis is away
 
-    def _send(self, replies: list[Any], due: bool) -> None:
-        """Push ``replies`` with their counts; ``due``: fold the pending counts too."""
+    def _send(self, replies: list[Any], due: bool) -> bool:
+        """Push ``replies`` with their counts; ``due``: fold the pending counts too.
+        False if Redis could not be reached: they are to be sent again (as redis-py's
+        own retries of the pipeline do; a second answer is dropped by its producer)."""
         if not replies and not (due and self._unfolded):
-            return
+            return True
         inboxes: set[str] = set()
         pending = lone_counts.entries(
             self.keys,
@@ -269,10 +279,18 @@ class CallServer:
                 lone_counts.fold_script.load(self.conn)
             except redis.RedisError:
                 pass
-        except redis.RedisError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Sent again until Redis takes them (docs/chaos.md, finding 8: a host that
+            # lived through the outage never lapses, so nothing else would answer).
+            # Stopping, the calls stay on the in-flight list, which goes back on the
+            # call list: they run again elsewhere.
+            self._unfolded = True
+            log.warning("worker %s: %d lone call replies wait: %s", self.host, len(replies), exc)
+            return False
+        except redis.RedisError as exc:  # refused by Redis: sending again would not help
             self._unfolded = True  # some of it may have gone
-            # The calls stay on the in-flight list: if the host lapses, they run again.
             log.warning("worker %s: %d lone call replies lost: %s", self.host, len(replies), exc)
+        return True
 
     # -- cancellations -----------------------------------------------------------------
 
