@@ -113,7 +113,7 @@ os._exit(1)
 }
 
 
-@pytest.fixture(scope="module", params=["fork", NO_NAMESPACES])
+@pytest.fixture(scope="module", params=["fork", "spawn", NO_NAMESPACES])
 def executor(request: pytest.FixtureRequest) -> Iterator[LocalExecutor]:
     with executor_on(request.param) as ex:
         yield ex
