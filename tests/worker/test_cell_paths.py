@@ -197,3 +197,20 @@ def test_a_cells_error_is_printed_as_python_prints_a_snippets(executor: LocalExe
     want = snippet.stderr.replace('"<sandbox>"', '"<cell 4>"').splitlines()
     assert r.cells[3]["error"][0]["traceback"] == want
     assert r.cells[3]["error"][0]["traceback"][-1].endswith("Did you mean: 'print'?")
+
+
+def test_the_notebooks_end_is_a_snippets_and_the_last_cells(executor: LocalExecutor) -> None:
+    # __main__'s finalisers, atexit and late threads ran after the last record: what they
+    # printed was in no cell's output.
+    cells = [
+        "class A:\n    def __del__(self):\n        print('del ran')\na = A()",
+        "import atexit, threading, time\natexit.register(print, 'bye')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('late'))).start()\nprint('x')",
+    ]
+    r = executor.run("", cells=cells, timeout_s=10.0)
+    assert (r.status, r.returncode) == ("ok", 0), r
+    assert [c["stdout"] for c in r.cells] == ["", "x\nlate\nbye\ndel ran\n"]
+    flush_fails = "import os, sys\nsys.stdout.write('x')\nos.close(1)"
+    snippet = executor.run(flush_fails, timeout_s=10.0)
+    r = executor.run("", cells=["pass", flush_fails], timeout_s=10.0)
+    assert r.returncode == snippet.returncode == 120, (r, snippet)

@@ -12,6 +12,7 @@ slices the output streams by those offsets (see readback.py). A cell that outliv
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -25,8 +26,6 @@ from codepool.worker.engine import runtime
 from codepool.worker.engine.runtime import (
     evaluate,
     exit_as_python,
-    finish,
-    finish_threads_and_atexit,
     format_exception,
     remember_source,
 )
@@ -84,14 +83,17 @@ def run_cells(
             error = _error(exc, name, rich=rich)
         if os.getpid() != runner:
             _end_fork(None)
+        if number == len(cells):
+            # The notebook's end is a snippet's (its threads, atexit, __main__'s
+            # finalisers, the status 120 rule): what it prints is the last cell's.
+            exit_as_python(0, functools.partial(_record, record_fd, display, error))
         for stream in streams:  # what a cell printed before it rebound sys.stdout is its own
             try:
                 stream.flush()
             except Exception:  # closed by the cell
                 pass
         _record(record_fd, display, error)
-    finish_threads_and_atexit()
-    finish(0)
+    exit_as_python(0)  # no cells
 
 
 def _end_fork(exc: BaseException | None) -> NoReturn:

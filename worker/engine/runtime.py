@@ -225,12 +225,15 @@ def warm_up() -> None:
         pass
 
 
-def finish(code: int) -> NoReturn:
+def finish(code: int, last_words: Callable[[], object] | None = None) -> NoReturn:
     """End the interpreter as Python's own exit does (finalization.py), tell the
     supervisor, and exit with ``code`` (120 when flushing stdout or stderr failed); a
     negative code ends the process by that signal, as Python does after an unhandled
-    KeyboardInterrupt."""
+    KeyboardInterrupt. ``last_words``: called once the interpreter is ended (a notebook's
+    last record, which holds what its end printed)."""
     code = finalization.finalize(code, installed)
+    if last_words is not None:
+        last_words()
     if done_notice is not None:
         done_notice(code)
     if code < 0:
@@ -290,7 +293,7 @@ def run_snippet(source: bytes, *, auto_print: bool, rich: bool = False) -> NoRet
     exit_as_python(code)
 
 
-def exit_as_python(code: int) -> NoReturn:
+def exit_as_python(code: int, last_words: Callable[[], object] | None = None) -> NoReturn:
     """End this process as Python's own exit after the main module does, with ``code``
     (run_main's): a snippet's first process, and any process a context call or a
     notebook cell forked once its copy of the code is done."""
@@ -299,7 +302,7 @@ def exit_as_python(code: int) -> NoReturn:
     except BaseException as exc:  # as Python's own exit reports it: and goes on
         sys.stderr.write("Exception ignored on threading shutdown:\n")
         sys.stderr.write(format_exception(exc, lambda _: True))
-    finish(code)
+    finish(code, last_words)
 
 
 def _undecodable(source: bytes) -> int:
