@@ -7,7 +7,8 @@ calls' futures. So a call costs this side two commands or fewer, and any number 
 concurrent callers share the one reader and the pool's connections: no thread or
 connection per call. While calls wait, the reader looks at the fleet once a second
 (``CodePool.watch``), which recovers the calls of a lapsed host, and a call with no
-answer by its deadline comes back ``infra``.
+answer by its deadline comes back ``infra`` and is withdrawn (taken off the call list,
+or cancelled where it runs).
 
 A call its caller gives up on is taken off the call list if it still waits there (it
 then never runs), else cancelled on whichever host runs it (pub/sub).
@@ -245,9 +246,12 @@ class CallChannel:
             overdue = [(i, e) for i, e in self._waiting.items() if e.deadline <= now]
             for call_id, _ in overdue:
                 del self._waiting[call_id]
-        for _, entry in overdue:
+        for call_id, entry in overdue:
             message = "codepool: no answer to this call by its deadline"
             _settle(entry.future, infra(message, worker=self.name))
+            # Nobody waits for it now: off the call list if it still waits there (the
+            # chaos run, finding 8), else killed where it runs; as a batch's deadline does.
+            self._withdraw(call_id, entry)
         self.watch()
 
     # -- giving up -------------------------------------------------------------------

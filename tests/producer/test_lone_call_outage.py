@@ -1,7 +1,7 @@
 """Lone calls across a Redis outage (docs/chaos.md, finding 8): a host whose reply could
 not be written while Redis was away writes it once Redis is back, so the call ends with
-its result, not at its deadline minutes later; real redis-server (AOF, restarted), real
-`codepool worker`."""
+its result, not at its deadline minutes later; a call past its deadline is withdrawn
+from the call list. Real redis-server (AOF, restarted), real `codepool worker`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 import redis
 
 from codepool.common.keys import Keys
+from codepool.common.limits import Limits
 from codepool.common.result import ExecResult
 from codepool.ops.redis_server import RedisServer
-from codepool.producer import RemoteSandbox
+from codepool.producer import CodePool, RemoteSandbox
 from tests.conftest import StartWorker, wait_for_dispatchers, wait_until
 
 
@@ -67,3 +68,21 @@ def test_a_reply_written_while_redis_is_away_still_arrives(
             what="the host's in-flight list emptied",
         )
     client.close()
+
+
+def test_a_lone_call_past_its_deadline_is_withdrawn(redis_url: str) -> None:
+    # Failed before: the caller got infra at the deadline, but the call stayed queued
+    # on the call list, to run later for nobody (the chaos run's finding 8).
+    client = redis.Redis.from_url(redis_url)
+    calls_key = Keys().calls()
+    pool = CodePool(redis_url)
+    try:
+        started = time.monotonic()
+        future = pool.calls.submit("print('late')", Limits(), deadline_s=1.5)  # no worker
+        result = future.result(timeout=20)
+        assert result.status == "infra" and "deadline" in result.stderr, result
+        assert time.monotonic() - started < 10
+        wait_until(lambda: client.llen(calls_key) == 0, timeout_s=5, what="the call withdrawn")
+    finally:
+        pool.close()
+        client.close()
