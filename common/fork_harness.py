@@ -42,6 +42,7 @@ import gc
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -378,6 +379,10 @@ class Harness:
         if _StdinGuard.touched or _harness_needs() != needed or _still_running():
             os._exit(0)
         gc.freeze()  # the forks then copy fewer pages
+        # No handler of the load's runs in the template between cases (a case that
+        # signals its parent would run it there): signals wait, and each case gets
+        # the load's mask back.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         control.sendall(b"R")
         while True:
             message, fds, _, _ = socket.recv_fds(control, 64, 3)
@@ -389,6 +394,7 @@ class Harness:
                 try:
                     _own_group()
                     _wire(*fds)
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                     sys.stdin = open(0, encoding="utf-8", closefd=False)
                     _finish(self.case_codes[index], namespace)
                 finally:

@@ -167,3 +167,20 @@ def test_a_load_that_leaves_code_running_makes_no_template(
     results = run_tests(executor.run, candidate, cases, timeout_s=3.0)
     assert [r.verdict for r in results] == [PASSED, "wrong_answer"]
     assert not any(r.forked for r in results)
+
+
+def test_no_handler_of_the_load_runs_in_the_template(executor: LocalExecutor) -> None:
+    """A case that signals the template (its parent) does not run the load's handler
+    there: the cases after it see the state a plain run sees (no hit)."""
+    candidate = (
+        "import os, signal, time\nHITS = []\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: HITS.append(1))\n"
+    )
+    cases = [
+        Case("os.kill(os.getppid(), signal.SIGUSR1)\ntime.sleep(0.2)"),
+        Case("assert not HITS"),
+        Case("os.kill(os.getpid(), signal.SIGUSR1)\nassert HITS"),  # its own: it runs
+    ]
+    results = run_tests(executor.run, candidate, cases, timeout_s=3.0)
+    assert [r.verdict for r in results] == [PASSED] * 3, [r.result for r in results]
+    assert all(r.forked for r in results)
