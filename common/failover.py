@@ -25,14 +25,30 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
-from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
+
+from codepool.common.retry import pause
 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
+# How long a write follows the primary through an election and the demotion of a
+# primary that came back after one (``following``): Sentinel demotes it some 10-11 s
+# after it promoted the new one (issue 30).
+FOLLOW_S = 15.0
+FOLLOW_PAUSE_S = 0.25
+# What redis-py's Sentinel connection raises for a READONLY reply on a primary's.
+_DEMOTED = "previous master is now a slave"
+
+T = TypeVar("T")
 
 
 class WatchedSentinel(Sentinel):
@@ -214,3 +230,33 @@ def on_new_primary(conn: redis.Redis, callback: Callable[[], None]) -> None:
     manager = sentinel_of(conn)
     if manager is not None:
         manager.on_new_primary(callback)
+
+
+def not_the_primary(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server written to is not the primary (any more): a
+    READONLY reply, redis-py's "The previous master is now a slave" (its Sentinel
+    connection's word for READONLY), or no primary named (an election). The write was
+    refused, so it can be sent again as it was."""
+    if isinstance(exc, (redis.exceptions.ReadOnlyError, MasterNotFoundError)):
+        return True
+    return isinstance(exc, redis.ConnectionError) and _DEMOTED in str(exc)
+
+
+def following(conn: redis.Redis, attempt: Callable[[], T], budget_s: float = FOLLOW_S) -> T:
+    """``attempt()``; while it fails because the server is not the primary, ask the
+    sentinels again where the primary is (``recheck``: ``conn`` leaves the old one) and
+    try again, until ``budget_s`` has passed: then the last error is raised. Any other
+    error is raised at once, and every error without Sentinel (docs/chaos.md,
+    finding 6)."""
+    if sentinel_of(conn) is None:  # a plain URL's replica stays one: say so at once
+        return attempt()
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            return attempt()
+        except redis.RedisError as exc:
+            if not not_the_primary(exc) or time.monotonic() >= deadline:
+                raise
+            log.warning("redis: not the primary (%s); asking the sentinels again", exc)
+            recheck(conn)
+            pause(deadline, FOLLOW_PAUSE_S)

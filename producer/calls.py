@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import redis
 
+from codepool.common import failover
 from codepool.common.cancellation import CLOSED_MESSAGE
 from codepool.common.codec import decode_result
 from codepool.common.connection import redis_client
@@ -105,7 +106,11 @@ class CallChannel:
         futures in their order. RedisError if they could not be sent."""
         sent = [self._enter(code, limits, run, deadline_s, self.inbox) for code, limits in calls]
         try:
-            self.conn.rpush(self.keys.calls(), *(raw for _, raw, _ in sent))
+            failover.following(
+                self.conn,
+                lambda: self.conn.rpush(self.keys.calls(), *(raw for _, raw, _ in sent)),
+                self._budget(sent),
+            )
         except redis.RedisError:
             self._leave(sent)
             raise
@@ -124,11 +129,15 @@ class CallChannel:
         inbox = self.keys.inbox(f"{self.id}.{threading.get_ident()}")
         entered = self._enter(code, limits, run, deadline_s, inbox)
         _, raw, future = entered
-        try:
+
+        def send() -> Any:
             with self.conn.pipeline(transaction=False) as pipe:
                 pipe.rpush(self.keys.calls(), raw)
                 pipe.blpop([inbox], timeout=WAIT_BLOCK_S)
-                popped = pipe.execute()[1]
+                return pipe.execute()[1]
+
+        try:
+            popped = failover.following(self.conn, send, self._budget([entered]))
         except redis.RedisError:
             self._leave([entered])
             raise
@@ -171,6 +180,14 @@ class CallChannel:
                 self._reader.start()
         self._wake.set()
         return call.id, raw, future
+
+    def _budget(self, sent: list[tuple[str, bytes, Future[ExecResult]]]) -> float:
+        """How long a send may follow the primary (common/failover.py): at most
+        FOLLOW_S, and not past the first call's deadline."""
+        with self._lock:
+            waiting = self._waiting.get(sent[0][0]) if sent else None
+        left = failover.FOLLOW_S if waiting is None else waiting.deadline - time.monotonic()
+        return max(0.0, min(failover.FOLLOW_S, left))
 
     def _leave(self, sent: list[tuple[str, bytes, Future[ExecResult]]]) -> None:
         with self._lock:

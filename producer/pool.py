@@ -30,7 +30,7 @@ from typing import Any
 import redis
 from rq.job import Job
 
-from codepool.common import counters
+from codepool.common import counters, failover
 from codepool.common.cancellation import CLOSED_MESSAGE, cancel
 from codepool.common.connection import redis_client
 from codepool.common.errors import ConfigError, RedisUnavailable
@@ -167,7 +167,12 @@ class CodePool:
         announced: list[str] = []
         try:
             if codes:
-                announced = self._store_and_announce(batch_id, spec, len(codes), run, reruns, made)
+                # A primary being elected or demoted refuses the whole round trip:
+                # sent again once the sentinels name the primary (finding 6).
+                announced = failover.following(
+                    self.conn,
+                    lambda: self._store_and_announce(batch_id, spec, len(codes), run, reruns, made),
+                )
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot enqueue batch {batch_id}: {exc}") from exc
         if codes:
