@@ -2,7 +2,8 @@
 one cell of a notebook, on a fork-mode LocalExecutor. A cell's error is its record's, not
 stderr, and ends the cell, not the process: the runner puts what the record says Python
 printed (through ``sys.excepthook``) on stderr, frames ``<cell 1>`` named ``<sandbox>``,
-and takes the exit status python -c would have had from it."""
+and takes the exit status python -c would have had from it (SystemExit ends the
+notebook with python -c's status itself)."""
 
 from __future__ import annotations
 
@@ -26,14 +27,9 @@ def _outcome(result: Any) -> Outcome:
         )
     cell = result.cells[0]
     stderr, code = cell["stderr"], result.returncode
-    for error in cell["error"]:
-        if error["ename"] == "SystemExit":
-            value = error["evalue"]
-            code = int(value) & 0xFF if value.lstrip("-").isdigit() else (0 if value == "" else 1)
-            if code == 1 and value:
-                stderr += value + "\n"
-        else:
-            stderr += "".join(line + "\n" for line in error["traceback"])
+    for error in cell["error"]:  # SystemExit is none: it ends the notebook, its returncode
+        stderr += "".join(line + "\n" for line in error["traceback"])
+        if code == 0:  # else the cell's excepthook raised SystemExit
             code = -2 if error["ename"] == "KeyboardInterrupt" else 1
     # Frames are named <cell N> (docs/contexts-and-cells.md), tracebacks and dumps alike.
     stderr = stderr.replace('File "<cell 1>"', 'File "<sandbox>"')

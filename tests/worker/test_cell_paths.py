@@ -214,3 +214,21 @@ def test_the_notebooks_end_is_a_snippets_and_the_last_cells(executor: LocalExecu
     snippet = executor.run(flush_fails, timeout_s=10.0)
     r = executor.run("", cells=["pass", flush_fails], timeout_s=10.0)
     assert r.returncode == snippet.returncode == 120, (r, snippet)
+
+
+def test_sys_exit_in_a_cell_ends_the_notebook_as_it_ends_python_c(
+    executor: LocalExecutor,
+) -> None:
+    # It was the cell's error and the next cells ran; the notebook ended 0.
+    for code in ("import sys\nsys.exit(3)", "import sys\nsys.exit('bye')", "raise SystemExit"):
+        snippet = executor.run(code, timeout_s=10.0)
+        r = executor.run("", cells=["print('first')", code, "print('not run')"], timeout_s=10.0)
+        assert r.returncode == snippet.returncode, (r, snippet)
+        assert [(c["stdout"], c["stderr"], c["error"]) for c in r.cells] == [
+            ("first\n", "", []),
+            ("", snippet.stderr, []),
+        ]
+    hook = "import sys\nsys.excepthook = lambda *a: sys.exit(4)\n1/0"
+    r = executor.run("", cells=[hook, "print('not run')"], timeout_s=10.0)
+    assert r.returncode == 4 and len(r.cells) == 1, r
+    assert r.cells[0]["error"][0]["ename"] == "ZeroDivisionError"

@@ -3,7 +3,8 @@ cell to cell, each cell's output told apart.
 
 A cell's trailing expression is displayed as a notebook does (its repr, unless it is
 None or the cell ends with ``;``); an exception ends the cell, not the notebook, and is
-its ``error`` (ename, evalue, traceback lines, frames named ``<cell N>``). After each
+its ``error`` (ename, evalue, traceback lines, frames named ``<cell N>``); ``SystemExit``
+ends the notebook, as it ends ``python -c``, with its status. After each
 cell one JSON line goes to the record fd: where stdout and stderr stood (their offsets,
 so output of subprocesses is counted too), the display and the error. The supervisor
 slices the output streams by those offsets (see readback.py). A cell that outlives
@@ -61,6 +62,7 @@ def run_cells(
             remember_source(name, cell)
         display: str | None = None
         error: dict[str, Any] | None = None
+        status: int | None = None  # set when the cell ends the notebook (SystemExit)
         # As a snippet runs: its own argv, compiled as one (compile_snippet, no flags of
         # the harness), run with no harness frame below it (runtime.evaluate).
         sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", cell]
@@ -77,16 +79,19 @@ def run_cells(
             finally:
                 if cell_timeout_s is not None and os.getpid() == runner:
                     signal.setitimer(signal.ITIMER_REAL, 0)
-        except BaseException as exc:  # SystemExit too: a kernel reports it and goes on
+        except BaseException as exc:
             if os.getpid() != runner:
                 _end_fork(exc)
-            error = _error(exc, name, rich=rich)
+            if isinstance(exc, SystemExit):  # as python -c: it ends the notebook
+                status = runtime._exit_code(exc)  # its message printed, on the cell's stderr
+            else:
+                error, status = _error(exc, name, rich=rich)
         if os.getpid() != runner:
             _end_fork(None)
-        if number == len(cells):
+        if number == len(cells) or status is not None:
             # The notebook's end is a snippet's (its threads, atexit, __main__'s
             # finalisers, the status 120 rule): what it prints is the last cell's.
-            exit_as_python(0, functools.partial(_record, record_fd, display, error))
+            exit_as_python(status or 0, functools.partial(_record, record_fd, display, error))
         for stream in streams:  # what a cell printed before it rebound sys.stdout is its own
             try:
                 stream.flush()
@@ -119,25 +124,29 @@ def _on_alarm(cell_timeout_s: float) -> Any:
     return handler
 
 
-def _error(exc: BaseException, name: str, *, rich: bool) -> dict[str, Any]:
+def _error(exc: BaseException, name: str, *, rich: bool) -> tuple[dict[str, Any], int | None]:
     """The record's error: its traceback lines are what Python's PyErr_Print would have
     printed on stderr (runtime.print_exception: through ``sys.excepthook``, "Did you
-    mean" included), taken from the cell's own ``sys.stderr`` for the time of the call."""
-    if isinstance(exc, (CellTimeout, SystemExit)):  # the runner's own; not printed by Python
+    mean" included), taken from the cell's own ``sys.stderr`` for the time of the call.
+    And the status the notebook ends with when the cell's hook raised SystemExit."""
+    status = None
+    if isinstance(exc, CellTimeout):  # the runner's own: no hook of the cell's
         text = format_exception(exc, lambda filename: filename.startswith("<cell "))
     else:
-        text = _printed(exc, name, rich=rich)
+        text, status = _printed(exc, name, rich=rich)
     lines = text.rstrip("\n").split("\n")[-MAX_TRACEBACK_LINES:] if text else []
     ename = "TimeoutError" if isinstance(exc, CellTimeout) else type(exc).__name__
-    return {"ename": ename, "evalue": _evalue(exc)[-MAX_RECORD_CHARS:], "traceback": lines}
+    error = {"ename": ename, "evalue": _evalue(exc)[-MAX_RECORD_CHARS:], "traceback": lines}
+    return error, status
 
 
-def _printed(exc: BaseException, name: str, *, rich: bool) -> str:
+def _printed(exc: BaseException, name: str, *, rich: bool) -> tuple[str, int | None]:
     said = io.StringIO()
     before = sys.__dict__.get("stderr", _MISSING)
     sys.stderr = said
+    status = None
     try:
-        runtime.print_exception(exc, rich=rich, filename=name)
+        status = runtime.print_exception(exc, rich=rich, filename=name)
     except BaseException:  # what PyErr_Print could not print is not printed
         pass
     finally:
@@ -145,7 +154,7 @@ def _printed(exc: BaseException, name: str, *, rich: bool) -> str:
             del sys.stderr
         else:
             sys.stderr = before
-    return said.getvalue()
+    return said.getvalue(), status
 
 
 def _evalue(exc: BaseException) -> str:
