@@ -17,11 +17,17 @@ from tests.differential.corpus import Case
 from tests.differential.paths import ENV_PROBE, TIMEOUT_S, Outcome
 
 
+def _sandbox(text: str) -> str:
+    """Frames are named <cell N> (docs/contexts-and-cells.md): in tracebacks, in dumps
+    and in what a hook prints anywhere."""
+    return text.replace('File "<cell 1>"', 'File "<sandbox>"')
+
+
 def _outcome(result: Any) -> Outcome:
     if result.timed_out or not result.cells:
         return Outcome(
-            result.stdout,
-            result.stderr,
+            _sandbox(result.stdout),
+            _sandbox(result.stderr),
             None if result.timed_out else result.returncode,
             dict(result.files),
         )
@@ -31,9 +37,7 @@ def _outcome(result: Any) -> Outcome:
         stderr += "".join(line + "\n" for line in error["traceback"])
         if code == 0:  # else the cell's excepthook raised SystemExit
             code = -2 if error["ename"] == "KeyboardInterrupt" else 1
-    # Frames are named <cell N> (docs/contexts-and-cells.md), tracebacks and dumps alike.
-    stderr = stderr.replace('File "<cell 1>"', 'File "<sandbox>"')
-    return Outcome(cell["stdout"], stderr, code, dict(result.files))
+    return Outcome(_sandbox(cell["stdout"]), _sandbox(stderr), code, dict(result.files))
 
 
 class CellRunner:

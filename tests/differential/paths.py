@@ -198,3 +198,12 @@ PATHS.update(
         "context-fork": lambda: _context("fork"),
     }
 )
+
+
+def _cells() -> AbstractContextManager[Runner]:
+    from tests.differential.cell_paths import cell_path
+
+    return cell_path()
+
+
+PATHS["cell"] = _cells

@@ -5,6 +5,7 @@ surrogate anywhere in a cell comes back as a result, locally and through Redis."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -232,3 +233,27 @@ def test_sys_exit_in_a_cell_ends_the_notebook_as_it_ends_python_c(
     r = executor.run("", cells=[hook, "print('not run')"], timeout_s=10.0)
     assert r.returncode == 4 and len(r.cells) == 1, r
     assert r.cells[0]["error"][0]["ename"] == "ZeroDivisionError"
+
+
+NOTEBOOK_ENDS = {
+    # __main__ was held by the runner: cleared as a survivor, a __del__ saw its globals None
+    "del-uses-global": "import sys\nclass A:\n    def __del__(self):\n"
+    "        print('global ok', sys.version_info > (3,))\na = A()",
+    # the error went to the record though the cell had let go of stderr
+    "stderr-none": "import sys\nsys.stderr = None\n1/0",
+    "stderr-closed": "import sys\nsys.stderr.close()\n1/0",
+    "stderr-rebound": "import sys\nsys.stderr = sys.stdout\n1/0",
+}
+
+
+@pytest.mark.parametrize("case", NOTEBOOK_ENDS)
+def test_a_one_cell_notebook_ends_as_the_snippet(executor: LocalExecutor, case: str) -> None:
+    code = NOTEBOOK_ENDS[case]
+    snippet = executor.run(code, timeout_s=10.0)
+    r = executor.run("", cells=[code], timeout_s=10.0)
+    (cell,) = r.cells
+    lines = [line for error in cell["error"] for line in error["traceback"]]
+    stderr = _as_snippet(cell["stderr"] + "".join(line + "\n" for line in lines))
+    masked = re.compile(r"0x[0-9a-f]+|refcount : \d+")
+    got = (_as_snippet(cell["stdout"]), masked.sub("", stderr))
+    assert got == (snippet.stdout, masked.sub("", snippet.stderr)), (r, snippet)

@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -54,6 +55,8 @@ def run_cells(
     # end it as they end any process (runtime.run_snippet says the same).
     runtime._arm_stand_ins(True)
     main = sys.modules["__main__"]
+    status: int | None = None  # set when a cell ends the notebook (SystemExit)
+    last: Callable[[], object] | None = None  # the last cell's record
     if cell_timeout_s is not None:
         signal.signal(signal.SIGALRM, _on_alarm(cell_timeout_s))
     for number, cell in enumerate(cells, 1):
@@ -62,7 +65,6 @@ def run_cells(
             remember_source(name, cell)
         display: str | None = None
         error: dict[str, Any] | None = None
-        status: int | None = None  # set when the cell ends the notebook (SystemExit)
         # As a snippet runs: its own argv, compiled as one (compile_snippet, no flags of
         # the harness), run with no harness frame below it (runtime.evaluate).
         sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", cell]
@@ -76,6 +78,7 @@ def run_cells(
                     value = evaluate(tail, main.__dict__)
                     if value is not None and not cell.rstrip().endswith(";"):
                         display = repr(value)
+                    value = None  # kept by __main__ only, as a snippet's
             finally:
                 if cell_timeout_s is not None and os.getpid() == runner:
                     signal.setitimer(signal.ITIMER_REAL, 0)
@@ -85,20 +88,23 @@ def run_cells(
             if isinstance(exc, SystemExit):  # as python -c: it ends the notebook
                 status = runtime._exit_code(exc)  # its message printed, on the cell's stderr
             else:
-                error, status = _error(exc, name, rich=rich)
+                error, status = _error(exc, name, rich=rich, stderr=streams[1])
         if os.getpid() != runner:
             _end_fork(None)
         if number == len(cells) or status is not None:
-            # The notebook's end is a snippet's (its threads, atexit, __main__'s
-            # finalisers, the status 120 rule): what it prints is the last cell's.
-            exit_as_python(status or 0, functools.partial(_record, record_fd, display, error))
+            last = functools.partial(_record, record_fd, display, error)
+            break
         for stream in streams:  # what a cell printed before it rebound sys.stdout is its own
             try:
                 stream.flush()
             except Exception:  # closed by the cell
                 pass
         _record(record_fd, display, error)
-    exit_as_python(0)  # no cells
+    # The notebook's end is a snippet's (its threads, atexit, __main__'s finalisers, the
+    # status 120 rule): what it prints is the last cell's. Nothing here holds __main__
+    # (it dies as the reference's does, by reference counting where it can).
+    del main
+    exit_as_python(status or 0, last)
 
 
 def _end_fork(exc: BaseException | None) -> NoReturn:
@@ -124,25 +130,35 @@ def _on_alarm(cell_timeout_s: float) -> Any:
     return handler
 
 
-def _error(exc: BaseException, name: str, *, rich: bool) -> tuple[dict[str, Any], int | None]:
+def _error(
+    exc: BaseException, name: str, *, rich: bool, stderr: Any
+) -> tuple[dict[str, Any], int | None]:
     """The record's error: its traceback lines are what Python's PyErr_Print would have
     printed on stderr (runtime.print_exception: through ``sys.excepthook``, "Did you
-    mean" included), taken from the cell's own ``sys.stderr`` for the time of the call.
-    And the status the notebook ends with when the cell's hook raised SystemExit."""
+    mean" included), taken from ``sys.stderr`` for the time of the call where that is
+    still the notebook's open ``stderr``; where the cell rebound, deleted or closed it,
+    printed there,
+    as Python prints it (the record has no lines). And the status the notebook ends with
+    when the cell's hook raised SystemExit."""
     status = None
     if isinstance(exc, CellTimeout):  # the runner's own: no hook of the cell's
         text = format_exception(exc, lambda filename: filename.startswith("<cell "))
     else:
-        text, status = _printed(exc, name, rich=rich)
+        text, status = _printed(exc, name, rich=rich, stderr=stderr)
     lines = text.rstrip("\n").split("\n")[-MAX_TRACEBACK_LINES:] if text else []
     ename = "TimeoutError" if isinstance(exc, CellTimeout) else type(exc).__name__
     error = {"ename": ename, "evalue": _evalue(exc)[-MAX_RECORD_CHARS:], "traceback": lines}
     return error, status
 
 
-def _printed(exc: BaseException, name: str, *, rich: bool) -> tuple[str, int | None]:
+def _printed(exc: BaseException, name: str, *, rich: bool, stderr: Any) -> tuple[str, int | None]:
     said = io.StringIO()
     before = sys.__dict__.get("stderr", _MISSING)
+    if before is not stderr or getattr(stderr, "closed", False):  # as Python prints it there
+        try:
+            return "", runtime.print_exception(exc, rich=rich, filename=name)
+        except BaseException:  # what PyErr_Print could not print is not printed
+            return "", None
     sys.stderr = said
     status = None
     try:
