@@ -108,7 +108,7 @@ ACCEPTED += [
     ),
     Accepted(
         ("interpreter/modules",),
-        "cell",
-        "ctypes and json are in a notebook's sys.modules (hiding them is not done yet)",
+        "cell",  # a notebook is served by a zygote set up in Python, as with inputs
+        "a child set up in Python is cloned from an image that imported them",
     ),
 ]
