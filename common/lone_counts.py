@@ -23,15 +23,26 @@ from codepool.common.ledger import Script
 from codepool.common.result import CANCELLED, ExecResult
 from codepool.common.tally import count_hashes
 
-# KEYS: the pending list. Each entry: {"k": counter hashes (the minute hash second),
-# "x": the minute hash's TTL, "t": {field: increment as a string}}. Sums the entries
-# first: one HINCRBY per hash and field, however many replies went since the last fold.
+# KEYS: the pending list. ARGV: [the entries to fold, a JSON array]; without it, the
+# list's. Each entry: {"k": counter hashes (the minute hash second), "x": the minute
+# hash's TTL, "t": {field: increment as a string}}. Sums the entries first: one HINCRBY
+# per hash and field, however many replies went since the last fold. The list is
+# deleted either way. A live call server passes what it pushed since its last fold: a
+# primary that lost those pushes in a failover (replication is asynchronous) loses no
+# count, and a reply batch pushed twice is counted once.
 # -> how many entries it folded.
 FOLD = """
-local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local items
+if ARGV[1] then
+  items = cjson.decode(ARGV[1])
+else
+  items = {}
+  for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+    items[#items + 1] = cjson.decode(raw)
+  end
+end
 local sums, ttls = {}, {}
-for _, item in ipairs(items) do
-  local e = cjson.decode(item)
+for _, e in ipairs(items) do
   for _, key in ipairs(e.k) do
     local sum = sums[key] or {}
     sums[key] = sum
@@ -76,6 +87,13 @@ def entries(
     ]
 
 
-def fold(conn: redis.Redis, keys: Keys, start: str) -> int:
-    """Fold ``start``'s pending counts into the counters; returns how many entries."""
-    return int(fold_script(conn, [keys.host_call_counts(start)], []))
+def fold_args(owed: list[str]) -> list[str]:
+    """FOLD's arguments for the entries ``owed`` (what a live call server pushed)."""
+    return ["[" + ",".join(owed) + "]"]
+
+
+def fold(conn: redis.Redis, keys: Keys, start: str, owed: list[str] | None = None) -> int:
+    """Fold ``start``'s pending counts into the counters (``owed``: these entries
+    instead of the list's); returns how many entries."""
+    args = [] if owed is None else fold_args(owed)
+    return int(fold_script(conn, [keys.host_call_counts(start)], args))

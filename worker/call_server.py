@@ -70,7 +70,9 @@ class CallServer:
         self.inflight_key = self.keys.host_calls(start or host)
         self.start_name = start or host
         self.counts_key = self.keys.host_call_counts(self.start_name)
-        self._unfolded = False  # counts pushed since the last fold (writer thread only)
+        # What was pushed onto the pending list since the last fold (writer thread
+        # only): the fold adds these up, not the list, which a failover may have lost.
+        self._owed: list[str] = []
         # Its host's watcher follows a Sentinel's primary for them (worker/host.py).
         self._taker_conn = redis_client(settings, block_s=BLOCK_S, watch_s=None)
         self.conn = redis_client(settings, watch_s=None)
@@ -118,7 +120,8 @@ class CallServer:
         self._replies.put(_STOP)
         self._threads[1].join(timeout=5)
         try:
-            lone_counts.fold(self.conn, self.keys, self.start_name)
+            if self._owed:
+                lone_counts.fold(self.conn, self.keys, self.start_name, self._owed)
         except redis.RedisError as exc:  # a janitor folds them when the lease lapses
             log.warning("worker %s: lone call counts wait for the janitor: %s", self.host, exc)
         try:
@@ -244,7 +247,7 @@ class CallServer:
         """Push ``replies`` with their counts; ``due``: fold the pending counts too.
         False if Redis could not be reached: they are to be sent again (as redis-py's
         own retries of the pipeline do; a second answer is dropped by its producer)."""
-        if not replies and not (due and self._unfolded):
+        if not replies and not (due and self._owed):
             return True
         inboxes: set[str] = set()
         pending = lone_counts.entries(
@@ -268,13 +271,15 @@ class CallServer:
                 # loses none of them (docs/chaos.md, finding 5).
                 if pending:
                     pipe.rpush(self.counts_key, *pending)
-                fold = due and (self._unfolded or bool(pending))
+                owed = self._owed + pending
+                fold = due and bool(owed)
                 if fold:
-                    lone_counts.fold_script.queue(pipe, [self.counts_key], [])
+                    args = lone_counts.fold_args(owed)
+                    lone_counts.fold_script.queue(pipe, [self.counts_key], args)
                 pipe.execute()
-            self._unfolded = (self._unfolded or bool(pending)) and not fold
+            self._owed = [] if fold else owed
         except redis.exceptions.NoScriptError:  # a restarted Redis: the rest went
-            self._unfolded = True
+            self._owed = owed
             try:
                 lone_counts.fold_script.load(self.conn)
             except redis.RedisError:
@@ -284,11 +289,9 @@ class CallServer:
             # lived through the outage never lapses, so nothing else would answer).
             # Stopping, the calls stay on the in-flight list, which goes back on the
             # call list: they run again elsewhere.
-            self._unfolded = True
             log.warning("worker %s: %d lone call replies wait: %s", self.host, len(replies), exc)
             return False
         except redis.RedisError as exc:  # refused by Redis: sending again would not help
-            self._unfolded = True  # some of it may have gone
             log.warning("worker %s: %d lone call replies lost: %s", self.host, len(replies), exc)
         return True
 
