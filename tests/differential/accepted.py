@@ -101,12 +101,6 @@ ACCEPTED += [
         "end printed after it cannot be told to come after it",
     ),
     Accepted(
-        ("exceptions/surrogate-source-*",),
-        "cell",
-        "a lone surrogate in a cell's source is that cell's UnicodeEncodeError, not the "
-        "process's error about decoding its command",
-    ),
-    Accepted(
         ("interpreter/modules",),
         "cell",  # a notebook is served by a zygote set up in Python, as with inputs
         "a child set up in Python is cloned from an image that imported them",

@@ -243,6 +243,8 @@ NOTEBOOK_ENDS = {
     "stderr-none": "import sys\nsys.stderr = None\n1/0",
     "stderr-closed": "import sys\nsys.stderr.close()\n1/0",
     "stderr-rebound": "import sys\nsys.stderr = sys.stdout\n1/0",
+    # worded as a plain UnicodeEncodeError, not as python -c refuses the command
+    "surrogate-source": "print('ran')\nx = '\ud800'",
 }
 
 

@@ -68,10 +68,13 @@ def run_cells(
         # As a snippet runs: its own argv, compiled as one (compile_snippet, no flags of
         # the harness), run with no harness frame below it (runtime.evaluate).
         sys.orig_argv = [*sys.orig_argv[:1], "-B", "-c", cell]
+        undecodable = _undecodable(cell)
         try:
             if cell_timeout_s is not None:
                 signal.setitimer(signal.ITIMER_REAL, cell_timeout_s)
             try:
+                if undecodable is not None:  # as python -c refuses such a command
+                    raise undecodable
                 body, tail = compile_snippet(cell, auto_print=True, filename=name)
                 evaluate(body, main.__dict__)
                 if tail is not None:
@@ -123,6 +126,29 @@ def _end_fork(exc: BaseException | None) -> NoReturn:
     exit_as_python(code)
 
 
+class Undecodable(Exception):
+    """A cell that is no UTF-8 (a lone surrogate): ``error`` is what ``python -c`` says
+    of such a command, its argv decoded with surrogateescape and encoded again."""
+
+    def __init__(self, error: UnicodeEncodeError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _undecodable(cell: str) -> Undecodable | None:
+    try:
+        cell.encode("utf-8")
+        return None
+    except UnicodeEncodeError as exc:
+        first = exc
+    argv = cell.encode("utf-8", "surrogatepass").decode("utf-8", "surrogateescape")
+    try:
+        argv.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return Undecodable(exc)
+    return Undecodable(first)
+
+
 def _on_alarm(cell_timeout_s: float) -> Any:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise CellTimeout(f"the cell ran past its cell_timeout of {cell_timeout_s:g} s")
@@ -143,6 +169,11 @@ def _error(
     status = None
     if isinstance(exc, CellTimeout):  # the runner's own: no hook of the cell's
         text = format_exception(exc, lambda filename: filename.startswith("<cell "))
+    elif isinstance(exc, Undecodable):  # python -c's words, before anything runs
+        exc = exc.error
+        text = "Unable to decode the command from the command line:\n" + "".join(
+            __import__("traceback").format_exception_only(type(exc), exc)
+        )
     else:
         text, status = _printed(exc, name, rich=rich, stderr=stderr)
     lines = text.rstrip("\n").split("\n")[-MAX_TRACEBACK_LINES:] if text else []
