@@ -149,9 +149,11 @@ class Batch:
                         pool.nudge(self.id, self.size)
                         yield from self._reconcile()
             block_s = 0.01 if last_look else max(0.01, min(end, watch_at) - now)
-            failures = connection_failures(pool.conn)
+            failures = connection_failures(pool.collect)
             try:
-                popped = pool.conn.blmpop(block_s, 1, done_key, direction="LEFT", count=self.size)
+                popped = pool.collect.blmpop(
+                    block_s, 1, done_key, direction="LEFT", count=self.size
+                )
             except (redis.RedisError, OSError, ValueError) as exc:
                 if pool.closed:
                     continue  # closed under this read, whatever redis-py made of it
@@ -164,7 +166,7 @@ class Batch:
                 pause(end, 0.5)
                 yield from self._reconcile()
                 continue
-            if connection_failures(pool.conn) != failures:
+            if connection_failures(pool.collect) != failures:
                 yield from self._reconcile()  # a pop redis-py retried may have lost some
             entries = popped[1] if popped else []
             for entry in entries:
@@ -225,7 +227,7 @@ class Batch:
         for start in range(0, len(missing), RECONCILE_CHUNK):
             chunk = missing[start : start + RECONCILE_CHUNK]
             try:
-                blobs = self.pool.conn.hmget(key, chunk)
+                blobs = self.pool.collect.hmget(key, chunk)
             except redis.RedisError as exc:
                 log.warning("batch %s: could not read its results hash: %s", self.id, exc)
                 return
@@ -246,7 +248,7 @@ class Batch:
         effort: a Redis that cannot be told leaves the batch to its TTL."""
         try:
             cancel(
-                self.pool.conn,
+                self.pool.collect,
                 self.pool.settings,
                 self.id,
                 run=self.run,

@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 LIMITS_CACHED = 64
 # What a close waits for Redis at most (seconds): a Redis that is gone must not hold it up.
 CLOSE_TIMEOUT_S = 2.0
+# The socket timeout of the client a collection reads with (beyond its blocking read): a
+# Redis that stops answering costs a collection this long per read, not the 30-s
+# default times redis-py's retries, so its deadline holds within seconds.
+COLLECT_TIMEOUT_S = 5.0
 
 
 @functools.lru_cache(maxsize=LIMITS_CACHED)
@@ -83,6 +87,17 @@ class CodePool:
         self.keys = self.settings.keys
         self.limits = limits or Limits()
         self.conn = redis_client(self.settings, block_s=POLL_BLOCK_S)
+        # Collections read with a client of their own: short timeouts and no retries of
+        # redis-py's (a collection's own loop retries, and reconciles what a lost reply
+        # had popped), so no read of theirs outlasts their deadline by more than seconds.
+        self.collect = redis_client(
+            self.settings.replace(
+                socket_timeout_s=COLLECT_TIMEOUT_S,
+                connect_timeout_s=min(COLLECT_TIMEOUT_S, self.settings.connect_timeout_s),
+            ),
+            block_s=POLL_BLOCK_S,
+            retries=0,
+        )
         self._queue = batch_queue(self.conn, self.settings)
         self.name = producer_name()
         self.janitor = Janitor(self.conn, self.settings, name=self.name)
@@ -323,7 +338,7 @@ class CodePool:
             self._watched_at = now
             try:
                 beat = host_beat(
-                    self.conn, self.keys, host="", lease_s=self.settings.lease_s, janitor=True
+                    self.collect, self.keys, host="", lease_s=self.settings.lease_s, janitor=True
                 )
             except redis.RedisError:
                 self.janitor.in_contact(False)
@@ -397,3 +412,4 @@ class CodePool:
         finally:
             quick.close()
         self.conn.close()
+        self.collect.close()

@@ -27,6 +27,7 @@ class PoolView(Protocol):
     settings: Settings
     keys: Keys
     conn: redis.Redis
+    collect: redis.Redis  # short timeouts, no retries: what a collection reads with
     lease: ProducerLease
 
     @property

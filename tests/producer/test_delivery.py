@@ -128,3 +128,26 @@ def test_no_live_worker_withdraws_the_batch(redis_url: str) -> None:
     assert counted(redis_url, "nobody")["cancelled"] == 3
     client.close()
     pool.close()
+
+
+def test_a_collection_keeps_its_deadline_while_redis_stops_answering(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # Failed before the fix (docs/chaos.md, finding 1): a read on a Redis that stopped
+    # answering waited out the 30-s socket timeout in each of redis-py's retries, and in
+    # the handshake's nested in them; results() was still blocked after 460 s against a
+    # 4-s deadline. What is missing comes back infra within seconds of the deadline.
+    start_worker(concurrency=2)
+    with RedisProxy(_upstream(redis_url)) as proxy:
+        pool = CodePool(proxy.url)
+        batch = pool.submit([SLEEPER] * 3, deadline_s=4.0, run="stalled")
+        wait_until(lambda: pool.watch() is not None, what="a first look at the fleet")
+        time.sleep(1.0)
+        proxy.stall()
+        started = time.monotonic()
+        results = batch.results()
+        took = time.monotonic() - started
+        proxy.resume()
+        pool.close()
+    assert [r.status for r in results] == ["infra"] * 3, results
+    assert took < 3.0 + 25.0, f"results() took {took:.1f} s past a 4-s deadline"
