@@ -28,8 +28,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from types import FrameType
 
@@ -182,11 +184,13 @@ class WorkerHost:
             self._supervise()
         finally:
             self._stop_dispatchers()
+            until = self.stop_at or time.monotonic() + self.options.drain_s
             if self.calls is not None:
-                self.calls.stop(until=self.stop_at or time.monotonic() + self.options.drain_s)
+                calls = self.calls
+                self._before(until, "its lone calls", lambda: calls.stop(until=until))
             if self.contexts is not None:
-                self.contexts.stop()
-            self.lease.stop(until=self.stop_at)
+                self._before(until, "its contexts", self.contexts.stop)
+            self.lease.stop(until=until)
             self.board.close()
             if self.executor is not None:
                 self.executor.close()
@@ -318,6 +322,21 @@ class WorkerHost:
                 if time.monotonic() >= when and not self.signals:
                     del self._restart_at[slot]
                     self._start_dispatcher(slot)
+
+    def _before(self, until: float, what: str, stop: Callable[[], None]) -> None:
+        """Run ``stop`` (a server's stop, which tells Redis what it gives back) until the
+        drain deadline at most: a Redis that does not answer by then leaves what is left
+        to the janitors (the host's lease lapses), and the host exits on time."""
+        thread = threading.Thread(target=stop, name="codepool-stop", daemon=True)
+        thread.start()
+        thread.join(timeout=max(0.0, until - time.monotonic()))
+        if thread.is_alive():
+            log.warning(
+                "worker %s: stopping %s met a Redis that did not answer before the drain "
+                "deadline; a janitor gives back what is left once the lease lapses",
+                self.name,
+                what,
+            )
 
     def _stop_dispatchers(self) -> None:
         """Whatever brought the host down (a signal or a fault of its own), no
